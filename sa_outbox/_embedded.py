@@ -1,0 +1,36 @@
+"""An embedded PostgreSQL for demos and tests on a machine with no server (``pgserver``)."""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+from ._exceptions import SaOutboxError
+
+
+def embedded_database_url(data_dir: str | Path | None = None) -> str:
+    """Start (or reuse) an embedded PostgreSQL and return its SQLAlchemy URL.
+
+    The server is the ``pgserver`` package's PostgreSQL, listening on a Unix socket in
+    ``data_dir`` (a fresh temporary folder by default); it stops when the process exits.
+    Install it with ``pip install "sa-outbox[embedded]"``.
+
+    Example:
+        >>> url = embedded_database_url()  # doctest: +SKIP
+        >>> url.startswith("postgresql+psycopg://")  # doctest: +SKIP
+        True
+    """
+    try:
+        import pgserver  # type: ignore[import-untyped]
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise SaOutboxError(
+            "no database URL was given and the embedded PostgreSQL is not installed: "
+            'pass a URL, or install it with pip install "sa-outbox[embedded]"'
+        ) from exc
+    folder = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sa-outbox-pg-"))
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, containers); harmless here.
+        warnings.simplefilter("ignore")
+        pgserver.get_server(str(folder), cleanup_mode="stop")
+    return f"postgresql+psycopg://postgres@/postgres?host={folder}"

@@ -1,0 +1,425 @@
+"""Layer 1: the job and outbox tables, as mixins for the user's own declarative base.
+
+The tables follow the article's schema (sections 4 and 5) with two additions: a ``queue``
+column on jobs, and a monotonic ``seq`` column on the outbox, so events added by one
+transaction keep the order they were added in (random UUIDs and ``now()`` do not order).
+
+Plain declarative bases (``DeclarativeBase``, ``DeclarativeBaseNoMeta``, Flask-SQLAlchemy's
+``db.Model``) take `JobMixin` / `OutboxMixin`; ``MappedAsDataclass`` bases take
+`JobDataclassMixin` / `OutboxDataclassMixin`, which declare the same columns as dataclass
+fields. Table names are the user's (``__tablename__``); a schema is set with
+``__table_schema__`` or the metadata's own ``schema``. Index names derive from the table
+name: ``{table}_ready_idx``, ``{table}_dedup_idx``, …
+
+Example:
+    >>> from sqlalchemy.orm import DeclarativeBase
+    >>> class Base(DeclarativeBase):
+    ...     pass
+    >>> class Job(JobMixin, Base):
+    ...     __tablename__ = "jobs"
+    >>> class OutboxEvent(OutboxMixin, Base):
+    ...     __tablename__ = "outbox"
+    >>> sorted(index.name for index in Job.__table__.indexes)
+    ['jobs_dedup_idx', 'jobs_expired_lease_idx', 'jobs_ready_idx', 'jobs_retention_idx']
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, cast
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Enum,
+    Identity,
+    Index,
+    Integer,
+    Table,
+    Text,
+    Uuid,
+    column,
+    desc,
+    event,
+    inspect,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, MappedAsDataclass, declared_attr, mapped_column
+from sqlalchemy.orm.properties import MappedColumn
+
+from ._exceptions import InvalidArgumentType
+from ._validation import MAX_IDENTIFIER_LENGTH, identifier, optional_identifier
+
+__all__ = [
+    "JOB_STATUS_TYPE_NAME",
+    "JobDataclassMixin",
+    "JobMixin",
+    "JobStatus",
+    "OutboxDataclassMixin",
+    "OutboxMixin",
+    "job_status_enum",
+    "job_table_args",
+    "outbox_table_args",
+    "resolve_table",
+]
+
+#: Name of the PostgreSQL enum type of ``jobs.status`` (created in the table's schema).
+JOB_STATUS_TYPE_NAME = "job_status"
+
+
+class JobStatus(enum.StrEnum):
+    """The four states of a job.
+
+    Example:
+        >>> JobStatus("running") is JobStatus.RUNNING
+        True
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+def job_status_enum(*, create_type: bool = True) -> Enum:
+    """The ``job_status`` column type; it takes the schema of the table it is attached to.
+
+    Example:
+        >>> job_status_enum().enums
+        ['pending', 'running', 'succeeded', 'failed']
+    """
+    return Enum(
+        JobStatus,
+        name=JOB_STATUS_TYPE_NAME,
+        values_callable=lambda members: [m.value for m in members],
+        validate_strings=True,
+        create_constraint=False,
+        **({} if create_type else {"create_type": False}),
+    )
+
+
+@event.listens_for(Table, "after_parent_attach")
+def _enum_follows_table_schema(table: Table, _metadata: object) -> None:
+    # The job_status type lives in its table's schema, on SQLAlchemy 2.0 and 2.1 alike
+    # (2.1 deprecates inherit_schema and would take the metadata's schema instead).
+    for col in table.columns:
+        if isinstance(col.type, Enum) and col.type.enum_class is JobStatus:
+            col.type.schema = table.schema
+
+
+_now = text("now()")
+_C = TypeVar("_C")
+
+# One spec per column: (SQLAlchemy type factory, column kwargs, dataclass kwargs).
+# Plain mixins take the column kwargs; dataclass mixins add the dataclass kwargs.
+_Spec = tuple[Callable[[], Any], dict[str, Any], dict[str, Any]]
+_NO_INIT: dict[str, Any] = {"init": False}
+
+_JOB_COLUMNS: dict[str, _Spec] = {
+    "id": (
+        lambda: Uuid(),
+        {"primary_key": True, "server_default": text("gen_random_uuid()")},
+        {"init": False, "default": None},
+    ),
+    "kind": (Text, {}, {}),
+    "payload": (JSONB, {}, {}),
+    "queue": (Text, {"server_default": text("'default'")}, {"default": "default"}),
+    "status": (
+        job_status_enum,
+        {"server_default": text("'pending'")},
+        {"default": JobStatus.PENDING},
+    ),
+    "priority": (Integer, {"server_default": text("0")}, {"default": 0}),
+    "run_at": (lambda: DateTime(timezone=True), {"server_default": _now}, {"default": None}),
+    "attempts": (Integer, {"server_default": text("0")}, {"default": 0}),
+    "max_attempts": (Integer, {"server_default": text("8")}, {"default": 8}),
+    "lease_until": (lambda: DateTime(timezone=True), {}, {"default": None}),
+    "lease_token": (lambda: Uuid(), {}, {"default": None}),
+    "worker_id": (Text, {}, {"default": None}),
+    "deduplication_key": (Text, {}, {"default": None}),
+    "last_error": (Text, {}, {"default": None}),
+    "created_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
+    "updated_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
+}
+
+_OUTBOX_COLUMNS: dict[str, _Spec] = {
+    "id": (
+        lambda: Uuid(),
+        {"primary_key": True, "server_default": text("gen_random_uuid()")},
+        {"init": False, "default": None},
+    ),
+    "seq": (
+        BigInteger,
+        {"__identity__": True},
+        _NO_INIT,
+    ),
+    "aggregate_type": (Text, {}, {}),
+    "aggregate_id": (Text, {}, {}),
+    "event_type": (Text, {}, {}),
+    "payload": (JSONB, {}, {}),
+    "headers": (JSONB, {"server_default": text("'{}'::jsonb")}, {"default": None}),
+    "attempts": (Integer, {"server_default": text("0")}, {"default": 0}),
+    "relay_until": (lambda: DateTime(timezone=True), {}, {"default": None}),
+    "relay_token": (lambda: Uuid(), {}, {"default": None}),
+    "published_at": (lambda: DateTime(timezone=True), {}, {"default": None}),
+    "last_error": (Text, {}, {"default": None}),
+    "created_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
+}
+
+
+def _column(specs: dict[str, _Spec], name: str, *, dataclass: bool = False) -> Any:
+    type_factory, kwargs, dc_kwargs = specs[name]
+    args: list[Any] = [type_factory()]
+    options = dict(kwargs)
+    if options.pop("__identity__", False):
+        args.append(Identity(always=False))
+    options.setdefault("nullable", name in _NULLABLE)
+    if dataclass:
+        options.update(dc_kwargs)
+    return mapped_column(*args, **options)
+
+
+_NULLABLE = frozenset(
+    {"lease_until", "lease_token", "worker_id", "deduplication_key", "last_error",
+     "relay_until", "relay_token", "published_at"}
+)
+
+
+def _table_name(cls: type) -> str:
+    name = cls.__dict__.get("__tablename__") or getattr(cls, "__tablename__", None)
+    return identifier(name, f"__tablename__ of {cls.__name__}")
+
+
+def _schema_args(cls: type) -> dict[str, Any]:
+    schema = optional_identifier(getattr(cls, "__table_schema__", None), "__table_schema__")
+    return {} if schema is None else {"schema": schema}
+
+
+def _index_name(table: str, suffix: str) -> str:
+    name = f"{table}_{suffix}"
+    if len(name) > MAX_IDENTIFIER_LENGTH:
+        identifier(name, f"index name derived from table {table!r}")
+    return name
+
+
+def job_table_args(table_name: str) -> tuple[Index, ...]:
+    """The indexes of a job table named ``table_name`` (article, sections 3 and 4).
+
+    ``{t}_ready_idx`` serves the claim (``queue = … ORDER BY priority DESC, run_at, id``),
+    ``{t}_dedup_idx`` makes ``(kind, deduplication_key)`` unique where a key is set,
+    ``{t}_expired_lease_idx`` serves the reclaimer, ``{t}_retention_idx`` the pruner.
+
+    Example:
+        >>> [i.name for i in job_table_args("jobs")]
+        ['jobs_ready_idx', 'jobs_dedup_idx', 'jobs_expired_lease_idx', 'jobs_retention_idx']
+    """
+    t = identifier(table_name, "job table name")
+    return (
+        Index(
+            _index_name(t, "ready_idx"),
+            "queue",
+            desc(column("priority")),
+            "run_at",
+            "id",
+            postgresql_where=text("status = 'pending'"),
+        ),
+        Index(
+            _index_name(t, "dedup_idx"),
+            "kind",
+            "deduplication_key",
+            unique=True,
+            postgresql_where=text("deduplication_key IS NOT NULL"),
+        ),
+        Index(
+            _index_name(t, "expired_lease_idx"),
+            "lease_until",
+            postgresql_where=text("status = 'running'"),
+        ),
+        Index(_index_name(t, "retention_idx"), "status", "updated_at"),
+    )
+
+
+def outbox_table_args(table_name: str) -> tuple[Index, ...]:
+    """The indexes of an outbox table named ``table_name`` (article, section 5).
+
+    ``{t}_unpublished_idx`` holds only unpublished rows, in ``seq`` order, for the relay;
+    ``{t}_seq_key`` keeps ``seq`` unique; ``{t}_retention_idx`` serves pruning.
+
+    Example:
+        >>> [i.name for i in outbox_table_args("outbox")]
+        ['outbox_seq_key', 'outbox_unpublished_idx', 'outbox_retention_idx']
+    """
+    t = identifier(table_name, "outbox table name")
+    return (
+        Index(_index_name(t, "seq_key"), "seq", unique=True),
+        Index(
+            _index_name(t, "unpublished_idx"),
+            "seq",
+            postgresql_where=text("published_at IS NULL"),
+        ),
+        Index(
+            _index_name(t, "retention_idx"),
+            "published_at",
+            postgresql_where=text("published_at IS NOT NULL"),
+        ),
+    )
+
+
+class JobMixin:
+    """The job table's columns and indexes, for a plain declarative base.
+
+    Example:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase):
+        ...     pass
+        >>> class Job(JobMixin, Base):
+        ...     __tablename__ = "background_jobs"
+        ...     __table_schema__ = "work"
+        >>> Job.__table__.fullname
+        'work.background_jobs'
+    """
+
+    #: The schema of the table; ``None`` takes the metadata's default schema.
+    __table_schema__: ClassVar[str | None] = None
+
+    id: Mapped[uuid.UUID] = _column(_JOB_COLUMNS, "id")
+    queue: Mapped[str] = _column(_JOB_COLUMNS, "queue")
+    kind: Mapped[str] = _column(_JOB_COLUMNS, "kind")
+    payload: Mapped[Any] = _column(_JOB_COLUMNS, "payload")
+    status: Mapped[JobStatus] = _column(_JOB_COLUMNS, "status")
+    priority: Mapped[int] = _column(_JOB_COLUMNS, "priority")
+    run_at: Mapped[dt.datetime] = _column(_JOB_COLUMNS, "run_at")
+    attempts: Mapped[int] = _column(_JOB_COLUMNS, "attempts")
+    max_attempts: Mapped[int] = _column(_JOB_COLUMNS, "max_attempts")
+    lease_until: Mapped[dt.datetime | None] = _column(_JOB_COLUMNS, "lease_until")
+    lease_token: Mapped[uuid.UUID | None] = _column(_JOB_COLUMNS, "lease_token")
+    worker_id: Mapped[str | None] = _column(_JOB_COLUMNS, "worker_id")
+    deduplication_key: Mapped[str | None] = _column(_JOB_COLUMNS, "deduplication_key")
+    last_error: Mapped[str | None] = _column(_JOB_COLUMNS, "last_error")
+    created_at: Mapped[dt.datetime] = _column(_JOB_COLUMNS, "created_at")
+    updated_at: Mapped[dt.datetime] = _column(_JOB_COLUMNS, "updated_at")
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[Any, ...]:
+        return (*job_table_args(_table_name(cls)), _schema_args(cls))
+
+
+class OutboxMixin:
+    """The outbox table's columns and indexes, for a plain declarative base.
+
+    Example:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase):
+        ...     pass
+        >>> class OutboxEvent(OutboxMixin, Base):
+        ...     __tablename__ = "outbox"
+        >>> OutboxEvent.__table__.c.seq.identity is not None
+        True
+    """
+
+    __table_schema__: ClassVar[str | None] = None
+
+    id: Mapped[uuid.UUID] = _column(_OUTBOX_COLUMNS, "id")
+    seq: Mapped[int] = _column(_OUTBOX_COLUMNS, "seq")
+    aggregate_type: Mapped[str] = _column(_OUTBOX_COLUMNS, "aggregate_type")
+    aggregate_id: Mapped[str] = _column(_OUTBOX_COLUMNS, "aggregate_id")
+    event_type: Mapped[str] = _column(_OUTBOX_COLUMNS, "event_type")
+    payload: Mapped[Any] = _column(_OUTBOX_COLUMNS, "payload")
+    headers: Mapped[dict[str, Any]] = _column(_OUTBOX_COLUMNS, "headers")
+    attempts: Mapped[int] = _column(_OUTBOX_COLUMNS, "attempts")
+    relay_until: Mapped[dt.datetime | None] = _column(_OUTBOX_COLUMNS, "relay_until")
+    relay_token: Mapped[uuid.UUID | None] = _column(_OUTBOX_COLUMNS, "relay_token")
+    published_at: Mapped[dt.datetime | None] = _column(_OUTBOX_COLUMNS, "published_at")
+    last_error: Mapped[str | None] = _column(_OUTBOX_COLUMNS, "last_error")
+    created_at: Mapped[dt.datetime] = _column(_OUTBOX_COLUMNS, "created_at")
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[Any, ...]:
+        return (*outbox_table_args(_table_name(cls)), _schema_args(cls))
+
+
+def _dataclass_variant(mixin: type[_C], specs: dict[str, _Spec], doc: str) -> type[_C]:
+    # MappedAsDataclass bases refuse attributes inherited from a non-dataclass mixin, and plain
+    # bases refuse dataclass arguments: the same columns, re-declared with dataclass kwargs.
+    # Required fields (no default) must come first in a dataclass.
+    names = sorted(
+        mixin.__annotations__.keys() - {"__table_schema__"},
+        key=lambda n: bool(specs[n][2]),
+    )
+    namespace: dict[str, Any] = {
+        "__module__": __name__,
+        "__qualname__": mixin.__name__.replace("Mixin", "DataclassMixin"),
+        "__doc__": doc,
+        "__annotations__": {n: mixin.__annotations__[n] for n in names},
+        "__table_args__": mixin.__dict__["__table_args__"],
+        "__table_schema__": None,
+    }
+    namespace.update({n: _column(specs, n, dataclass=True) for n in names})
+    return cast(
+        "type[_C]",
+        type(namespace["__qualname__"], (MappedAsDataclass, mixin), namespace),
+    )
+
+
+JobDataclassMixin = _dataclass_variant(
+    JobMixin,
+    _JOB_COLUMNS,
+    """`JobMixin` for a ``MappedAsDataclass`` base: ``Job(kind=..., payload=...)``.
+
+    Example:
+        >>> from sqlalchemy.orm import DeclarativeBase, MappedAsDataclass
+        >>> class Base(MappedAsDataclass, DeclarativeBase):
+        ...     pass
+        >>> class Job(JobDataclassMixin, Base):
+        ...     __tablename__ = "jobs"
+        >>> Job(kind="send-email", payload={"to": "ana"}).queue
+        'default'
+    """,
+)
+
+OutboxDataclassMixin = _dataclass_variant(
+    OutboxMixin,
+    _OUTBOX_COLUMNS,
+    """`OutboxMixin` for a ``MappedAsDataclass`` base.
+
+    Example:
+        >>> from sqlalchemy.orm import DeclarativeBase, MappedAsDataclass
+        >>> class Base(MappedAsDataclass, DeclarativeBase):
+        ...     pass
+        >>> class OutboxEvent(OutboxDataclassMixin, Base):
+        ...     __tablename__ = "outbox"
+        >>> OutboxEvent(aggregate_type="order", aggregate_id="1", event_type="placed",
+        ...             payload={}).attempts
+        0
+    """,
+)
+
+
+def resolve_table(target: object) -> Table:
+    """The `Table` behind a mapped class, an ORM entity or a `Table` itself.
+
+    Example:
+        >>> from sqlalchemy import MetaData, Table, Column, Integer
+        >>> t = Table("t", MetaData(), Column("id", Integer, primary_key=True))
+        >>> resolve_table(t) is t
+        True
+    """
+    if isinstance(target, Table):
+        return target
+    table = getattr(target, "__table__", None)
+    if isinstance(table, Table):
+        return table
+    try:
+        mapper = inspect(target)
+    except Exception:
+        mapper = None
+    local = getattr(mapper, "local_table", None)
+    if isinstance(local, Table):
+        return local
+    raise InvalidArgumentType(
+        f"expected a Table or a mapped class using JobMixin/OutboxMixin, got {target!r}"
+    )

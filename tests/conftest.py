@@ -1,0 +1,69 @@
+"""The test bed: a real PostgreSQL, from SA_OUTBOX_TEST_DATABASE_URL or embedded (pgserver).
+
+Every test gets empty tables: the session creates them once in a schema of its own and each
+test truncates them. Models are declared on a base of the tests' own, as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.orm import DeclarativeBase
+
+from sa_outbox._embedded import embedded_database_url
+from sa_outbox.schema import JobMixin, OutboxMixin
+
+TEST_SCHEMA = "sa_outbox_test"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(JobMixin, Base):
+    __tablename__ = "jobs"
+    __table_schema__ = TEST_SCHEMA
+
+
+class OutboxEvent(OutboxMixin, Base):
+    __tablename__ = "outbox"
+    __table_schema__ = TEST_SCHEMA
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    """``SA_OUTBOX_TEST_DATABASE_URL`` when set, else an embedded PostgreSQL."""
+    return os.environ.get("SA_OUTBOX_TEST_DATABASE_URL") or embedded_database_url()
+
+
+@pytest.fixture(scope="session")
+def engine(database_url: str) -> Iterator[Engine]:
+    eng = create_engine(database_url, pool_size=20, max_overflow=20)
+    with eng.begin() as conn:
+        conn.execute(text(f"DROP SCHEMA IF EXISTS {TEST_SCHEMA} CASCADE"))
+        conn.execute(text(f"CREATE SCHEMA {TEST_SCHEMA}"))
+    Base.metadata.create_all(eng)
+    yield eng
+    with eng.begin() as conn:
+        conn.execute(text(f"DROP SCHEMA IF EXISTS {TEST_SCHEMA} CASCADE"))
+    eng.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _clean_tables(request: pytest.FixtureRequest) -> None:
+    if "engine" not in request.fixturenames:
+        return
+    eng: Engine = request.getfixturevalue("engine")
+    with eng.begin() as conn:
+        conn.execute(text(f"TRUNCATE {TEST_SCHEMA}.jobs, {TEST_SCHEMA}.outbox"))
+
+
+@pytest.fixture
+async def async_engine(engine: Engine, database_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = create_async_engine(database_url)
+    yield eng
+    await eng.dispose()
