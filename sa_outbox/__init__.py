@@ -1,0 +1,77 @@
+"""sa-outbox: a job queue and a transactional outbox in your own PostgreSQL, through SQLAlchemy.
+
+Layers (imports point down): `sa_outbox.schema` (models) → `sa_outbox.statements` (the
+query builder, no I/O) → `JobQueue` / `AsyncJobQueue` / `Outbox` / `AsyncOutbox` (thin
+executors) → runtimes and integrations.
+
+Example:
+    >>> from sqlalchemy.orm import DeclarativeBase
+    >>> import sa_outbox
+    >>> class Base(DeclarativeBase):
+    ...     pass
+    >>> class Job(sa_outbox.JobMixin, Base):
+    ...     __tablename__ = "jobs"
+    >>> sa_outbox.JobQueue(Job)
+    JobQueue('jobs')
+"""
+
+from ._backoff import Backoff
+from ._clock import Clock, DatabaseClock, FakeClock
+from ._exceptions import (
+    InvalidArgument,
+    InvalidArgumentType,
+    LeaseLost,
+    PayloadNotSerializable,
+    PayloadTooLarge,
+    SaOutboxError,
+)
+from ._job_queue import AsyncJobQueue, JobQueue
+from ._outbox_store import AsyncOutbox, Outbox
+from ._results import (
+    BatchResult,
+    ClaimedEvent,
+    ClaimedJob,
+    EnqueueResult,
+    ReclaimedJob,
+    RetryResult,
+)
+from .schema import (
+    JobDataclassMixin,
+    JobMixin,
+    JobStatus,
+    OutboxDataclassMixin,
+    OutboxMixin,
+)
+from .statements import NewJob
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "AsyncJobQueue",
+    "AsyncOutbox",
+    "Backoff",
+    "BatchResult",
+    "ClaimedEvent",
+    "ClaimedJob",
+    "Clock",
+    "DatabaseClock",
+    "EnqueueResult",
+    "FakeClock",
+    "InvalidArgument",
+    "InvalidArgumentType",
+    "JobDataclassMixin",
+    "JobMixin",
+    "JobQueue",
+    "JobStatus",
+    "LeaseLost",
+    "NewJob",
+    "Outbox",
+    "OutboxDataclassMixin",
+    "OutboxMixin",
+    "PayloadNotSerializable",
+    "PayloadTooLarge",
+    "ReclaimedJob",
+    "RetryResult",
+    "SaOutboxError",
+    "__version__",
+]

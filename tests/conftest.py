@@ -1,7 +1,7 @@
 """The test bed: a real PostgreSQL, from SA_OUTBOX_TEST_DATABASE_URL or embedded (pgserver).
 
-Every test gets empty tables: the session creates them once in a schema of its own and each
-test truncates them. Models are declared on a base of the tests' own, as a user would.
+Every test gets empty tables: the session creates them once in a schema of its own (named
+after the process, so concurrent runs do not collide) and each test truncates them. Models are declared on a base of the tests' own, as a user would.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from sqlalchemy.orm import DeclarativeBase
 from sa_outbox._embedded import embedded_database_url
 from sa_outbox.schema import JobMixin, OutboxMixin
 
-TEST_SCHEMA = "sa_outbox_test"
+# One schema per test process, so concurrent runs on one database never collide.
+TEST_SCHEMA = f"sa_outbox_test_{os.getpid()}"
 
 
 class Base(DeclarativeBase):

@@ -1,0 +1,227 @@
+"""Layer 3: run the query builder's statements and turn rows into typed results.
+
+Each operation is written once, as a generator that yields statements and receives their
+results (the sans-I/O style of psycopg 3); `_drive` runs it on a sync Connection/Session and
+`_adrive` on an AsyncConnection/AsyncSession. The public classes are thin wrappers that give
+each operation its typed signature. None of them commits: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+from sqlalchemy import Connection, Executable, Result
+from sqlalchemy.orm import Session
+
+from . import statements as st
+from ._backoff import Backoff
+from ._clock import Clock
+from ._exceptions import LeaseLost
+from ._results import (
+    BatchResult,
+    ClaimedEvent,
+    ClaimedJob,
+    EnqueueResult,
+    ReclaimedJob,
+    RetryResult,
+)
+from ._validation import count
+from .schema import JobStatus, resolve_table
+from .statements._common import Dumps
+
+T = TypeVar("T")
+Op = Generator[Executable, Result[Any], T]
+SyncConn: TypeAlias = Connection | Session
+
+if TYPE_CHECKING:
+    # sqlalchemy.ext.asyncio needs greenlet, an optional extra: import it only for typing.
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    AsyncConn: TypeAlias = AsyncConnection | AsyncSession
+
+
+def _drive(conn: SyncConn, op: Op[T]) -> T:
+    try:
+        stmt = next(op)
+        while True:
+            stmt = op.send(conn.execute(stmt))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def _adrive(conn: AsyncConn, op: Op[T]) -> T:
+    try:
+        stmt = next(op)
+        while True:
+            stmt = op.send(await conn.execute(stmt))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def _batch(pairs: Sequence[tuple[uuid.UUID, uuid.UUID]], done_rows: Iterable[Any]) -> BatchResult:
+    # Rows come back as (id, token): the same id may appear under an old and a new token.
+    done = {(row[0], row[1]) for row in done_rows}
+    return BatchResult(
+        done=[i for i, token in pairs if (i, token) in done],
+        lost=[i for i, token in pairs if (i, token) not in done],
+    )
+
+
+class _JobOps:
+    """The job operations, each written once as a generator over statements."""
+
+    def __init__(
+        self,
+        model: object,
+        *,
+        clock: Clock | None,
+        backoff: Backoff | None,
+        dumps: Dumps | None,
+        max_payload_bytes: int,
+    ) -> None:
+        self.table = resolve_table(model)
+        self.clock = clock
+        self.backoff = backoff or st.DEFAULT_BACKOFF
+        self._payload = {
+            "dumps": dumps or st.compact_json,
+            "max_payload_bytes": count(
+                max_payload_bytes, "max_payload_bytes", maximum=256 << 20
+            ),
+        }
+
+    def enqueue(self, kind: str, payload: Any, options: dict[str, Any]) -> Op[EnqueueResult]:
+        stmt = st.enqueue_job(self.table, kind, payload, clock=self.clock, **self._payload,
+                              **options)
+        row = (yield stmt).first()
+        return EnqueueResult(id=row[0] if row else None, inserted=row is not None)
+
+    def enqueue_many(self, jobs: Iterable[st.NewJob]) -> Op[list[EnqueueResult]]:
+        stmt, ids = st.enqueue_jobs(self.table, jobs, clock=self.clock, **self._payload)
+        inserted = {row[0] for row in (yield stmt)}
+        return [EnqueueResult(id=i if i in inserted else None, inserted=i in inserted)
+                for i in ids]
+
+    def claim(self, options: dict[str, Any]) -> Op[list[ClaimedJob]]:
+        rows = (yield st.claim_jobs(self.table, clock=self.clock, **options)).all()
+        jobs = [ClaimedJob(*row) for row in rows]
+        # RETURNING has no order of its own: hand jobs out in the claim's order.
+        jobs.sort(key=lambda j: (-j.priority, j.run_at, j.id))
+        return jobs
+
+    def heartbeat(
+        self, job_id: uuid.UUID, token: uuid.UUID, options: dict[str, Any]
+    ) -> Op[dt.datetime]:
+        row = (
+            yield st.heartbeat_job(self.table, job_id, token, clock=self.clock, **options)
+        ).first()
+        if row is None:
+            raise LeaseLost("job", job_id, token, action="heartbeat")
+        return row[1]  # type: ignore[no-any-return]
+
+    def heartbeat_many(
+        self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]], lease: dt.timedelta | float
+    ) -> Op[BatchResult]:
+        stmt = st.heartbeat_jobs(self.table, pairs, lease=lease, clock=self.clock)
+        return _batch(pairs, (yield stmt))
+
+    def complete(self, job_id: uuid.UUID, token: uuid.UUID) -> Op[None]:
+        if (yield st.complete_job(self.table, job_id, token, clock=self.clock)).first() is None:
+            raise LeaseLost("job", job_id, token, action="complete")
+
+    def complete_many(self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> Op[BatchResult]:
+        stmt = st.complete_jobs(self.table, pairs, clock=self.clock)
+        return _batch(pairs, (yield stmt))
+
+    def retry(
+        self,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        error: str | None,
+        delay: dt.timedelta | float | None,
+    ) -> Op[RetryResult]:
+        stmt = st.retry_job(self.table, job_id, token, error=error, delay=delay,
+                            backoff=self.backoff, clock=self.clock)
+        row = (yield stmt).first()
+        if row is None:
+            raise LeaseLost("job", job_id, token, action="retry")
+        status = JobStatus(row[1])
+        return RetryResult(row[0], status, row[2] if status is JobStatus.PENDING else None)
+
+    def fail(self, job_id: uuid.UUID, token: uuid.UUID, error: str | None) -> Op[None]:
+        stmt = st.fail_job(self.table, job_id, token, error=error, clock=self.clock)
+        if (yield stmt).first() is None:
+            raise LeaseLost("job", job_id, token, action="fail")
+
+    def reclaim(self, limit: int) -> Op[list[ReclaimedJob]]:
+        stmt = st.reclaim_expired_jobs(self.table, backoff=self.backoff, limit=limit,
+                                       clock=self.clock)
+        return [ReclaimedJob(r[0], JobStatus(r[1]), r[2], r[3]) for r in (yield stmt)]
+
+    def requeue_failed(self, options: dict[str, Any]) -> Op[list[uuid.UUID]]:
+        stmt = st.requeue_failed_jobs(self.table, clock=self.clock, **options)
+        return [row[0] for row in (yield stmt)]
+
+    def prune(self, options: dict[str, Any]) -> Op[int]:
+        return (yield st.prune_jobs(self.table, clock=self.clock, **options)).rowcount  # type: ignore[attr-defined, no-any-return]
+
+    def counts(self) -> Op[dict[JobStatus, int]]:
+        found = {JobStatus(s): n for s, n in (yield st.count_jobs_by_status(self.table))}
+        return {s: found.get(s, 0) for s in JobStatus}
+
+
+class _OutboxOps:
+    """The outbox operations, each written once as a generator over statements."""
+
+    def __init__(
+        self, model: object, *, clock: Clock | None, dumps: Dumps | None, max_payload_bytes: int
+    ) -> None:
+        self.table = resolve_table(model)
+        self.clock = clock
+        self._payload = {
+            "dumps": dumps or st.compact_json,
+            "max_payload_bytes": count(
+                max_payload_bytes, "max_payload_bytes", maximum=256 << 20
+            ),
+        }
+
+    def append(self, options: dict[str, Any]) -> Op[uuid.UUID]:
+        stmt = st.append_event(self.table, clock=self.clock, **self._payload, **options)
+        return (yield stmt).one()[0]  # type: ignore[no-any-return]
+
+    def claim(self, batch: int, lease: dt.timedelta | float) -> Op[list[ClaimedEvent]]:
+        stmt = st.claim_events(self.table, batch=batch, lease=lease, clock=self.clock)
+        events = [ClaimedEvent(*row) for row in (yield stmt)]
+        events.sort(key=lambda e: e.seq)
+        return events
+
+    def mark_published(self, event_id: uuid.UUID, token: uuid.UUID) -> Op[None]:
+        stmt = st.mark_event_published(self.table, event_id, token, clock=self.clock)
+        if (yield stmt).first() is None:
+            raise LeaseLost("outbox event", event_id, token, action="mark published")
+
+    def mark_published_many(self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> Op[BatchResult]:
+        stmt = st.mark_events_published(self.table, pairs, clock=self.clock)
+        return _batch(pairs, (yield stmt))
+
+    def prune(self, older_than: dt.timedelta | float, batch: int) -> Op[int]:
+        stmt = st.prune_events(self.table, older_than=older_than, batch=batch, clock=self.clock)
+        return (yield stmt).rowcount  # type: ignore[attr-defined, no-any-return]
+
+
+def _event_options(
+    event_type: str,
+    aggregate_type: str,
+    aggregate_id: object,
+    payload: Any,
+    headers: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "event_type": event_type,
+        "aggregate_type": aggregate_type,
+        "aggregate_id": aggregate_id,
+        "payload": payload,
+        "headers": headers,
+    }

@@ -1,0 +1,376 @@
+"""`JobQueue` and `AsyncJobQueue`: the job operations on a connection or session."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Table
+
+from . import statements as st
+from ._backoff import Backoff
+from ._clock import Clock
+from ._executors import SyncConn, _adrive, _drive, _JobOps
+from ._results import BatchResult, ClaimedJob, EnqueueResult, ReclaimedJob, RetryResult
+from .schema import JobStatus
+from .statements._common import Dumps
+
+if TYPE_CHECKING:
+    from ._executors import AsyncConn
+
+Pairs = Sequence[tuple[uuid.UUID, uuid.UUID]]
+_FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED)
+
+
+class _Base:
+    def __init__(
+        self,
+        model: object,
+        *,
+        clock: Clock | None = None,
+        backoff: Backoff | None = None,
+        dumps: Dumps | None = None,
+        max_payload_bytes: int = st.DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self._ops = _JobOps(
+            model, clock=clock, backoff=backoff, dumps=dumps, max_payload_bytes=max_payload_bytes
+        )
+
+    @property
+    def table(self) -> Table:
+        """The job table this queue works on."""
+        return self._ops.table
+
+    @property
+    def clock(self) -> Clock | None:
+        """The clock statements take "now" from (``None``: the database's ``now()``)."""
+        return self._ops.clock
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.table.fullname!r})"
+
+
+class JobQueue(_Base):
+    """The job queue on a sync `Connection` or `Session`; the caller owns the transaction.
+
+    Every fenced write (``complete``, ``retry``, ``fail``, ``heartbeat``) raises `LeaseLost`
+    when the job is no longer running under the given token, and leaves the row untouched.
+
+    Example:
+        >>> from sqlalchemy import create_engine
+        >>> from sa_outbox import JobQueue
+        >>> queue = JobQueue(Job)                                     # doctest: +SKIP
+        >>> with engine.begin() as conn:                              # doctest: +SKIP
+        ...     queue.enqueue(conn, "send-email", {"to": "ana@example.com"})
+        >>> with engine.begin() as conn:                              # doctest: +SKIP
+        ...     jobs = queue.claim(conn, worker_id="w1", batch=20)
+        >>> # … run the jobs outside any transaction, then:
+        >>> with engine.begin() as conn:                              # doctest: +SKIP
+        ...     queue.complete_many(conn, [(j.id, j.lease_token) for j in jobs])
+    """
+
+    def enqueue(
+        self,
+        conn: SyncConn,
+        kind: str,
+        payload: Any,
+        *,
+        queue: str = st.DEFAULT_QUEUE,
+        priority: int = 0,
+        run_at: dt.datetime | None = None,
+        delay: dt.timedelta | float | None = None,
+        max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
+        deduplication_key: str | None = None,
+    ) -> EnqueueResult:
+        """Add one job; ``inserted`` is False when its deduplication key is already taken.
+
+        Example:
+            >>> queue.enqueue(conn, "index-book", {"book_id": 7},   # doctest: +SKIP
+            ...               deduplication_key="index-book:7").inserted
+            True
+        """
+        options = dict(
+            queue=queue, priority=priority, run_at=run_at, delay=delay,
+            max_attempts=max_attempts, deduplication_key=deduplication_key,
+        )
+        return _drive(conn, self._ops.enqueue(kind, payload, options))
+
+    def enqueue_many(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
+        """Add many jobs in one statement; results come in input order.
+
+        Example:
+            >>> queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])  # doctest: +SKIP
+        """
+        return _drive(conn, self._ops.enqueue_many(jobs))
+
+    def claim(
+        self,
+        conn: SyncConn,
+        *,
+        worker_id: str,
+        batch: int = 1,
+        lease: dt.timedelta | float = st.DEFAULT_LEASE,
+        queues: str | Sequence[str] | None = None,
+        kinds: str | Sequence[str] | None = None,
+    ) -> list[ClaimedJob]:
+        """Claim up to ``batch`` ready jobs (commit right after, then run them).
+
+        Example:
+            >>> jobs = queue.claim(conn, worker_id="w1", batch=20, queues="emails")  # doctest: +SKIP
+        """
+        options = {"worker_id": worker_id, "batch": batch, "lease": lease, "queues": queues,
+                   "kinds": kinds}
+        return _drive(conn, self._ops.claim(options))
+
+    def heartbeat(
+        self,
+        conn: SyncConn,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        *,
+        lease: dt.timedelta | float = st.DEFAULT_LEASE,
+        worker_id: str | None = None,
+    ) -> dt.datetime:
+        """Extend a live lease; returns the new ``lease_until`` or raises `LeaseLost`.
+
+        Example:
+            >>> queue.heartbeat(conn, job.id, job.lease_token, lease=30)  # doctest: +SKIP
+        """
+        options = {"lease": lease, "worker_id": worker_id}
+        return _drive(conn, self._ops.heartbeat(job_id, token, options))
+
+    def heartbeat_many(
+        self, conn: SyncConn, pairs: Pairs, *, lease: dt.timedelta | float = st.DEFAULT_LEASE
+    ) -> BatchResult:
+        """Extend many leases in one statement; ``lost`` lists the ones no longer held.
+
+        Example:
+            >>> queue.heartbeat_many(conn, [(j.id, j.lease_token) for j in jobs])  # doctest: +SKIP
+        """
+        return _drive(conn, self._ops.heartbeat_many(pairs, lease))
+
+    def complete(self, conn: SyncConn, job_id: uuid.UUID, token: uuid.UUID) -> None:
+        """Mark one job ``succeeded``, or raise `LeaseLost`.
+
+        Example:
+            >>> queue.complete(conn, job.id, job.lease_token)  # doctest: +SKIP
+        """
+        _drive(conn, self._ops.complete(job_id, token))
+
+    def complete_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
+        """Mark many jobs ``succeeded`` in one statement; ``lost`` lists those not held.
+
+        Example:
+            >>> queue.complete_many(conn, [(j.id, j.lease_token) for j in jobs])  # doctest: +SKIP
+        """
+        return _drive(conn, self._ops.complete_many(pairs))
+
+    def retry(
+        self,
+        conn: SyncConn,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        *,
+        error: str | None = None,
+        delay: dt.timedelta | float | None = None,
+    ) -> RetryResult:
+        """Back to ``pending`` after ``delay`` (default: the backoff), or ``failed`` at max.
+
+        Example:
+            >>> queue.retry(conn, job.id, job.lease_token, error="timeout").status  # doctest: +SKIP
+            <JobStatus.PENDING: 'pending'>
+        """
+        return _drive(conn, self._ops.retry(job_id, token, error, delay))
+
+    def fail(
+        self, conn: SyncConn, job_id: uuid.UUID, token: uuid.UUID, *, error: str | None = None
+    ) -> None:
+        """Mark a job ``failed`` at once (a permanent error), or raise `LeaseLost`.
+
+        Example:
+            >>> queue.fail(conn, job.id, job.lease_token, error="bad payload")  # doctest: +SKIP
+        """
+        _drive(conn, self._ops.fail(job_id, token, error))
+
+    def reclaim_expired(self, conn: SyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
+        """Return up to ``limit`` expired leases to ``pending`` (with backoff) or ``failed``.
+
+        Example:
+            >>> queue.reclaim_expired(conn)  # doctest: +SKIP
+            []
+        """
+        return _drive(conn, self._ops.reclaim(limit))
+
+    def requeue_failed(
+        self,
+        conn: SyncConn,
+        *,
+        ids: Sequence[uuid.UUID] | None = None,
+        kinds: str | Sequence[str] | None = None,
+        queues: str | Sequence[str] | None = None,
+        reset_attempts: bool = True,
+    ) -> list[uuid.UUID]:
+        """Send failed jobs back to ``pending`` now; returns their ids.
+
+        Example:
+            >>> queue.requeue_failed(conn, kinds="send-email")  # doctest: +SKIP
+        """
+        options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
+        return _drive(conn, self._ops.requeue_failed(options))
+
+    def prune(
+        self,
+        conn: SyncConn,
+        *,
+        older_than: dt.timedelta | float,
+        statuses: Iterable[JobStatus | str] = _FINISHED,
+        batch: int = 1000,
+    ) -> int:
+        """Delete one batch of finished jobs older than ``older_than``; returns how many.
+
+        Example:
+            >>> queue.prune(conn, older_than=dt.timedelta(days=7))  # doctest: +SKIP
+            0
+        """
+        options = {"older_than": older_than, "statuses": statuses, "batch": batch}
+        return _drive(conn, self._ops.prune(options))
+
+    def counts(self, conn: SyncConn) -> dict[JobStatus, int]:
+        """How many jobs are in each status (every status present, zero included).
+
+        Example:
+            >>> queue.counts(conn)[JobStatus.PENDING]  # doctest: +SKIP
+            0
+        """
+        return _drive(conn, self._ops.counts())
+
+
+class AsyncJobQueue(_Base):
+    """`JobQueue` for asyncio: the same operations on an `AsyncConnection`/`AsyncSession`.
+
+    Example:
+        >>> queue = AsyncJobQueue(Job)                                   # doctest: +SKIP
+        >>> async with async_engine.begin() as conn:                     # doctest: +SKIP
+        ...     jobs = await queue.claim(conn, worker_id="w1", batch=20)
+    """
+
+    async def enqueue(
+        self,
+        conn: AsyncConn,
+        kind: str,
+        payload: Any,
+        *,
+        queue: str = st.DEFAULT_QUEUE,
+        priority: int = 0,
+        run_at: dt.datetime | None = None,
+        delay: dt.timedelta | float | None = None,
+        max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
+        deduplication_key: str | None = None,
+    ) -> EnqueueResult:
+        """See `JobQueue.enqueue`."""
+        options = dict(
+            queue=queue, priority=priority, run_at=run_at, delay=delay,
+            max_attempts=max_attempts, deduplication_key=deduplication_key,
+        )
+        return await _adrive(conn, self._ops.enqueue(kind, payload, options))
+
+    async def enqueue_many(
+        self, conn: AsyncConn, jobs: Iterable[st.NewJob]
+    ) -> list[EnqueueResult]:
+        """See `JobQueue.enqueue_many`."""
+        return await _adrive(conn, self._ops.enqueue_many(jobs))
+
+    async def claim(
+        self,
+        conn: AsyncConn,
+        *,
+        worker_id: str,
+        batch: int = 1,
+        lease: dt.timedelta | float = st.DEFAULT_LEASE,
+        queues: str | Sequence[str] | None = None,
+        kinds: str | Sequence[str] | None = None,
+    ) -> list[ClaimedJob]:
+        """See `JobQueue.claim`."""
+        options = {"worker_id": worker_id, "batch": batch, "lease": lease, "queues": queues,
+                   "kinds": kinds}
+        return await _adrive(conn, self._ops.claim(options))
+
+    async def heartbeat(
+        self,
+        conn: AsyncConn,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        *,
+        lease: dt.timedelta | float = st.DEFAULT_LEASE,
+        worker_id: str | None = None,
+    ) -> dt.datetime:
+        """See `JobQueue.heartbeat`."""
+        options = {"lease": lease, "worker_id": worker_id}
+        return await _adrive(conn, self._ops.heartbeat(job_id, token, options))
+
+    async def heartbeat_many(
+        self, conn: AsyncConn, pairs: Pairs, *, lease: dt.timedelta | float = st.DEFAULT_LEASE
+    ) -> BatchResult:
+        """See `JobQueue.heartbeat_many`."""
+        return await _adrive(conn, self._ops.heartbeat_many(pairs, lease))
+
+    async def complete(self, conn: AsyncConn, job_id: uuid.UUID, token: uuid.UUID) -> None:
+        """See `JobQueue.complete`."""
+        await _adrive(conn, self._ops.complete(job_id, token))
+
+    async def complete_many(self, conn: AsyncConn, pairs: Pairs) -> BatchResult:
+        """See `JobQueue.complete_many`."""
+        return await _adrive(conn, self._ops.complete_many(pairs))
+
+    async def retry(
+        self,
+        conn: AsyncConn,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        *,
+        error: str | None = None,
+        delay: dt.timedelta | float | None = None,
+    ) -> RetryResult:
+        """See `JobQueue.retry`."""
+        return await _adrive(conn, self._ops.retry(job_id, token, error, delay))
+
+    async def fail(
+        self, conn: AsyncConn, job_id: uuid.UUID, token: uuid.UUID, *, error: str | None = None
+    ) -> None:
+        """See `JobQueue.fail`."""
+        await _adrive(conn, self._ops.fail(job_id, token, error))
+
+    async def reclaim_expired(self, conn: AsyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
+        """See `JobQueue.reclaim_expired`."""
+        return await _adrive(conn, self._ops.reclaim(limit))
+
+    async def requeue_failed(
+        self,
+        conn: AsyncConn,
+        *,
+        ids: Sequence[uuid.UUID] | None = None,
+        kinds: str | Sequence[str] | None = None,
+        queues: str | Sequence[str] | None = None,
+        reset_attempts: bool = True,
+    ) -> list[uuid.UUID]:
+        """See `JobQueue.requeue_failed`."""
+        options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
+        return await _adrive(conn, self._ops.requeue_failed(options))
+
+    async def prune(
+        self,
+        conn: AsyncConn,
+        *,
+        older_than: dt.timedelta | float,
+        statuses: Iterable[JobStatus | str] = _FINISHED,
+        batch: int = 1000,
+    ) -> int:
+        """See `JobQueue.prune`."""
+        options = {"older_than": older_than, "statuses": statuses, "batch": batch}
+        return await _adrive(conn, self._ops.prune(options))
+
+    async def counts(self, conn: AsyncConn) -> dict[JobStatus, int]:
+        """See `JobQueue.counts`."""
+        return await _adrive(conn, self._ops.counts())

@@ -1,0 +1,156 @@
+"""`Outbox` and `AsyncOutbox`: append events, and the relay's claim → publish → mark."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Table
+
+from . import statements as st
+from ._clock import Clock
+from ._executors import SyncConn, _adrive, _drive, _event_options, _OutboxOps
+from ._results import BatchResult, ClaimedEvent
+from .statements._common import Dumps
+
+if TYPE_CHECKING:
+    from ._executors import AsyncConn
+
+Pairs = Sequence[tuple[uuid.UUID, uuid.UUID]]
+
+
+class _Base:
+    def __init__(
+        self,
+        model: object,
+        *,
+        clock: Clock | None = None,
+        dumps: Dumps | None = None,
+        max_payload_bytes: int = st.DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self._ops = _OutboxOps(model, clock=clock, dumps=dumps, max_payload_bytes=max_payload_bytes)
+
+    @property
+    def table(self) -> Table:
+        """The outbox table."""
+        return self._ops.table
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.table.fullname!r})"
+
+
+class Outbox(_Base):
+    """The outbox on a sync `Connection` or `Session`; the caller owns the transaction.
+
+    Example:
+        >>> outbox = Outbox(OutboxEvent)                                   # doctest: +SKIP
+        >>> with Session(engine) as session, session.begin():              # doctest: +SKIP
+        ...     session.add(order)
+        ...     outbox.append(session, event_type="OrderPlaced", aggregate_type="order",
+        ...                   aggregate_id=order.id, payload={"total_cents": 1200})
+        >>> with engine.begin() as conn:                                   # doctest: +SKIP
+        ...     events = outbox.claim(conn, batch=100)
+        >>> # publish each event, then:
+        >>> with engine.begin() as conn:                                   # doctest: +SKIP
+        ...     outbox.mark_published_many(conn, [(e.id, e.relay_token) for e in events])
+    """
+
+    def append(
+        self,
+        conn: SyncConn,
+        *,
+        event_type: str,
+        aggregate_type: str,
+        aggregate_id: object,
+        payload: Any,
+        headers: Mapping[str, Any] | None = None,
+    ) -> uuid.UUID:
+        """Insert one event in the caller's transaction; returns its id (the message id).
+
+        Example:
+            >>> outbox.append(conn, event_type="OrderPlaced", aggregate_type="order",  # doctest: +SKIP
+            ...               aggregate_id=42, payload={})
+        """
+        options = _event_options(event_type, aggregate_type, aggregate_id, payload, headers)
+        return _drive(conn, self._ops.append(options))
+
+    def claim(
+        self, conn: SyncConn, *, batch: int = 100, lease: dt.timedelta | float = st.DEFAULT_RELAY_LEASE
+    ) -> list[ClaimedEvent]:
+        """Claim up to ``batch`` unpublished events, in ``seq`` order.
+
+        Example:
+            >>> events = outbox.claim(conn, batch=100)  # doctest: +SKIP
+        """
+        return _drive(conn, self._ops.claim(batch, lease))
+
+    def mark_published(self, conn: SyncConn, event_id: uuid.UUID, token: uuid.UUID) -> None:
+        """Mark one event published after the broker took it, or raise `LeaseLost`.
+
+        Example:
+            >>> outbox.mark_published(conn, event.id, event.relay_token)  # doctest: +SKIP
+        """
+        _drive(conn, self._ops.mark_published(event_id, token))
+
+    def mark_published_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
+        """Mark many events published in one statement.
+
+        Example:
+            >>> outbox.mark_published_many(conn, [(e.id, e.relay_token) for e in events])  # doctest: +SKIP
+        """
+        return _drive(conn, self._ops.mark_published_many(pairs))
+
+    def prune(self, conn: SyncConn, *, older_than: dt.timedelta | float, batch: int = 1000) -> int:
+        """Delete one batch of events published more than ``older_than`` ago.
+
+        Example:
+            >>> outbox.prune(conn, older_than=dt.timedelta(days=7))  # doctest: +SKIP
+            0
+        """
+        return _drive(conn, self._ops.prune(older_than, batch))
+
+
+class AsyncOutbox(_Base):
+    """`Outbox` for asyncio, on an `AsyncConnection`/`AsyncSession`.
+
+    Example:
+        >>> outbox = AsyncOutbox(OutboxEvent)                  # doctest: +SKIP
+        >>> async with async_engine.begin() as conn:           # doctest: +SKIP
+        ...     events = await outbox.claim(conn)
+    """
+
+    async def append(
+        self,
+        conn: AsyncConn,
+        *,
+        event_type: str,
+        aggregate_type: str,
+        aggregate_id: object,
+        payload: Any,
+        headers: Mapping[str, Any] | None = None,
+    ) -> uuid.UUID:
+        """See `Outbox.append`."""
+        options = _event_options(event_type, aggregate_type, aggregate_id, payload, headers)
+        return await _adrive(conn, self._ops.append(options))
+
+    async def claim(
+        self, conn: AsyncConn, *, batch: int = 100, lease: dt.timedelta | float = st.DEFAULT_RELAY_LEASE
+    ) -> list[ClaimedEvent]:
+        """See `Outbox.claim`."""
+        return await _adrive(conn, self._ops.claim(batch, lease))
+
+    async def mark_published(self, conn: AsyncConn, event_id: uuid.UUID, token: uuid.UUID) -> None:
+        """See `Outbox.mark_published`."""
+        await _adrive(conn, self._ops.mark_published(event_id, token))
+
+    async def mark_published_many(self, conn: AsyncConn, pairs: Pairs) -> BatchResult:
+        """See `Outbox.mark_published_many`."""
+        return await _adrive(conn, self._ops.mark_published_many(pairs))
+
+    async def prune(
+        self, conn: AsyncConn, *, older_than: dt.timedelta | float, batch: int = 1000
+    ) -> int:
+        """See `Outbox.prune`."""
+        return await _adrive(conn, self._ops.prune(older_than, batch))

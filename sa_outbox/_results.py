@@ -1,0 +1,130 @@
+"""Typed results of the executors."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from typing import Any
+
+from .schema import JobStatus
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """What an enqueue did: ``inserted`` is False when the deduplication key was taken.
+
+    Example:
+        >>> EnqueueResult(id=None, inserted=False).inserted
+        False
+    """
+
+    id: uuid.UUID | None
+    inserted: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job this worker holds: finish it with its ``id`` and ``lease_token``.
+
+    Example:
+        >>> job = ClaimedJob(id=uuid.UUID(int=1), queue="default", kind="send-email",
+        ...                  payload={}, priority=0, run_at=None, attempts=1, max_attempts=8,
+        ...                  lease_until=None, lease_token=uuid.UUID(int=2), worker_id="w1",
+        ...                  deduplication_key=None, created_at=None)
+        >>> job.is_last_attempt
+        False
+    """
+
+    id: uuid.UUID
+    queue: str
+    kind: str
+    payload: Any
+    priority: int
+    run_at: dt.datetime
+    attempts: int
+    max_attempts: int
+    lease_until: dt.datetime
+    lease_token: uuid.UUID
+    worker_id: str
+    deduplication_key: str | None
+    created_at: dt.datetime
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """True when a failure now would end in ``failed``."""
+        return self.attempts >= self.max_attempts
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryResult:
+    """Where a retried job went: back to ``pending`` at ``run_at``, or to ``failed``.
+
+    Example:
+        >>> RetryResult(uuid.UUID(int=1), JobStatus.FAILED, None).status
+        <JobStatus.FAILED: 'failed'>
+    """
+
+    id: uuid.UUID
+    status: JobStatus
+    run_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReclaimedJob:
+    """A job whose lease expired, and the state the reclaimer gave it.
+
+    Example:
+        >>> ReclaimedJob(uuid.UUID(int=1), JobStatus.PENDING, "w1", 1).worker_id
+        'w1'
+    """
+
+    id: uuid.UUID
+    status: JobStatus
+    worker_id: str | None
+    attempts: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchResult:
+    """Which rows of a batched fenced write matched (``done``) and which had lost (``lost``).
+
+    Example:
+        >>> BatchResult(done=[uuid.UUID(int=1)], lost=[]).all_done
+        True
+    """
+
+    done: list[uuid.UUID]
+    lost: list[uuid.UUID]
+
+    @property
+    def all_done(self) -> bool:
+        return not self.lost
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimedEvent:
+    """An outbox event this relay holds: publish it, then mark it with ``relay_token``.
+
+    Example:
+        >>> ClaimedEvent(uuid.UUID(int=1), 1, "OrderPlaced", "order", "42", {}, {}, 1, None,
+        ...              uuid.UUID(int=2), None).message_id
+        '00000000-0000-0000-0000-000000000001'
+    """
+
+    id: uuid.UUID
+    seq: int
+    event_type: str
+    aggregate_type: str
+    aggregate_id: str
+    payload: Any
+    headers: dict[str, Any]
+    attempts: int
+    relay_until: dt.datetime | None
+    relay_token: uuid.UUID
+    created_at: dt.datetime | None
+
+    @property
+    def message_id(self) -> str:
+        """The stable id consumers de-duplicate on (the outbox row's id)."""
+        return str(self.id)

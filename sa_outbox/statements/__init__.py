@@ -1,0 +1,75 @@
+"""Layer 2: the query builder — functions that return SQLAlchemy Core statements.
+
+No I/O, no sessions, no globals: each function validates its arguments (raising
+`InvalidArgument` / `InvalidArgumentType` before any SQL exists), and returns a statement
+whose values are bind parameters. Run it on your own connection, in your own transaction,
+or extend it first (``.where(...)``, ``.returning(...)``). "Now" comes from ``clock``: the
+database's ``now()`` by default, a `FakeClock`'s bind parameter in tests.
+
+Example:
+    >>> from sqlalchemy.orm import DeclarativeBase
+    >>> from sa_outbox.schema import JobMixin
+    >>> class Base(DeclarativeBase): pass
+    >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+    >>> stmt = claim_jobs(Job, worker_id="w1", batch=20, queues=["default"])
+    >>> stmt = stmt.where(Job.__table__.c.kind != "slow")  # extend it, then run it yourself
+"""
+
+from ._common import DEFAULT_MAX_PAYLOAD_BYTES, compact_json
+from ._jobs import (
+    DEFAULT_BACKOFF,
+    DEFAULT_LEASE,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    NewJob,
+    claim_jobs,
+    complete_job,
+    complete_jobs,
+    count_jobs_by_status,
+    enqueue_job,
+    enqueue_jobs,
+    fail_job,
+    heartbeat_job,
+    heartbeat_jobs,
+    prune_jobs,
+    reclaim_expired_jobs,
+    requeue_failed_jobs,
+    retry_job,
+)
+from ._outbox import (
+    DEFAULT_RELAY_LEASE,
+    append_event,
+    claim_events,
+    mark_event_published,
+    mark_events_published,
+    prune_events,
+)
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "DEFAULT_LEASE",
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "DEFAULT_QUEUE",
+    "DEFAULT_RELAY_LEASE",
+    "NewJob",
+    "append_event",
+    "claim_events",
+    "claim_jobs",
+    "compact_json",
+    "complete_job",
+    "complete_jobs",
+    "count_jobs_by_status",
+    "enqueue_job",
+    "enqueue_jobs",
+    "fail_job",
+    "heartbeat_job",
+    "heartbeat_jobs",
+    "mark_event_published",
+    "mark_events_published",
+    "prune_events",
+    "prune_jobs",
+    "reclaim_expired_jobs",
+    "requeue_failed_jobs",
+    "retry_job",
+]

@@ -1,0 +1,111 @@
+"""Pieces the job and outbox statements share: payloads, clocks, fences, arrays."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import ARRAY, Interval, Table, Text, Uuid, bindparam, cast, func
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.elements import ColumnElement
+
+from .._clock import DATABASE_CLOCK, Clock
+from .._exceptions import (
+    InvalidArgument,
+    InvalidArgumentType,
+    PayloadNotSerializable,
+    PayloadTooLarge,
+)
+from ..schema import resolve_table
+
+#: Default limit of a serialised payload (1 MiB); PostgreSQL's own limit for jsonb is 255 MiB.
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+
+Dumps = Callable[[Any], str]
+
+
+def compact_json(value: Any) -> str:
+    """JSON without spaces, refusing NaN and Infinity (jsonb rejects them too)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def table_of(target: object) -> Table:
+    return resolve_table(target)
+
+
+def now_of(clock: Clock | None) -> ColumnElement[dt.datetime]:
+    if clock is None:
+        return DATABASE_CLOCK.sql_now()
+    if not isinstance(clock, Clock):
+        raise InvalidArgumentType(
+            f"clock must have a sql_now() method (DatabaseClock, FakeClock), got {clock!r}"
+        )
+    return clock.sql_now()
+
+
+def serialise(payload: Any, what: str, dumps: Dumps, limit: int) -> str:
+    """Serialise ``payload`` for a jsonb column, or raise naming ``what`` it belongs to."""
+    try:
+        text = dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise PayloadNotSerializable(f"payload of {what} is not JSON-serialisable: {exc}") from exc
+    if not isinstance(text, str):
+        raise InvalidArgumentType(f"the dumps function must return str, got {type(text).__name__}")
+    size = len(text.encode())
+    if size > limit:
+        raise PayloadTooLarge(f"payload of {what} is {size} bytes, over the limit of {limit}")
+    return text
+
+
+def jsonb(text: str) -> ColumnElement[Any]:
+    """A pre-serialised JSON text as jsonb (serialised once, by `serialise`)."""
+    return cast(bindparam(None, text, type_=Text), JSONB)
+
+
+def interval(delta: dt.timedelta) -> ColumnElement[dt.timedelta]:
+    return bindparam(None, delta, type_=Interval)
+
+
+def as_uuid(value: object, what: str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            raise InvalidArgument(f"{what} is not a UUID: {value!r}") from None
+    raise InvalidArgumentType(f"{what} must be a UUID, got {type(value).__name__}")
+
+
+def id_token_pairs(
+    pairs: Iterable[tuple[object, object]], what: str
+) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    """Split (id, token) pairs into two UUID lists, checking each."""
+    ids: list[uuid.UUID] = []
+    tokens: list[uuid.UUID] = []
+    for pair in pairs:
+        if not isinstance(pair, Sequence) or isinstance(pair, str) or len(pair) != 2:
+            raise InvalidArgumentType(f"each of {what} must be an (id, token) pair, got {pair!r}")
+        ids.append(as_uuid(pair[0], f"{what} id"))
+        tokens.append(as_uuid(pair[1], f"{what} token"))
+    if not ids:
+        raise InvalidArgument(f"{what} must hold at least one (id, token) pair")
+    return ids, tokens
+
+
+def uuid_array(values: list[uuid.UUID]) -> ColumnElement[Any]:
+    return bindparam(None, values, type_=ARRAY(Uuid()))
+
+
+def unnest_pairs(ids: list[uuid.UUID], tokens: list[uuid.UUID], name: str) -> Any:
+    """``unnest(:ids, :tokens) AS name(id, token)``: one statement shape for any batch size."""
+    pairs = func.unnest(uuid_array(ids), uuid_array(tokens)).table_valued("id", "token")
+    return pairs.render_derived(name=name)
+
+
+def in_names(column: ColumnElement[str], names: tuple[str, ...]) -> ColumnElement[bool]:
+    # One name compares with "=" so the planner walks the index in order for that value.
+    return column == names[0] if len(names) == 1 else column.in_(names)

@@ -1,0 +1,707 @@
+"""Statements on the job table (article, sections 3, 4, 6, 7 and 8)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    DateTime,
+    Delete,
+    Integer,
+    Interval,
+    Select,
+    Text,
+    Update,
+    bindparam,
+    case,
+    cast,
+    delete,
+    func,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
+
+from .._backoff import Backoff
+from .._clock import Clock
+from .._ids import uuid7
+from .._exceptions import InvalidArgument
+from .._validation import (
+    aware_datetime,
+    count,
+    duration,
+    name_filter,
+    optional_text,
+    text,
+)
+from ..schema import JobStatus
+from ._common import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Dumps,
+    as_uuid,
+    compact_json,
+    id_token_pairs,
+    in_names,
+    interval,
+    jsonb,
+    now_of,
+    serialise,
+    table_of,
+    unnest_pairs,
+    uuid_array,
+)
+
+DEFAULT_QUEUE = "default"
+DEFAULT_LEASE = dt.timedelta(seconds=30)
+DEFAULT_MAX_ATTEMPTS = 8
+#: The backoff used when none is given: 1 s doubling up to 5 min, plus up to 1 s of jitter.
+DEFAULT_BACKOFF = Backoff()
+_MAX_INT = 2**31 - 1
+_FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewJob:
+    """One job for `enqueue_jobs`; the same fields as `enqueue_job` takes.
+
+    Example:
+        >>> NewJob("send-email", {"to": "ana@example.com"}, deduplication_key="welcome:ana").queue
+        'default'
+    """
+
+    kind: str
+    payload: Any
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    run_at: dt.datetime | None = None
+    delay: dt.timedelta | float | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    deduplication_key: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Checked:
+    id: uuid.UUID
+    kind: str
+    payload: str
+    queue: str
+    priority: int
+    run_at: dt.datetime | None
+    delay: dt.timedelta | None
+    max_attempts: int
+    deduplication_key: str | None
+
+
+def _check(job: NewJob, dumps: Dumps, limit: int) -> _Checked:
+    kind = text(job.kind, "kind")
+    if job.run_at is not None and job.delay is not None:
+        raise InvalidArgument(f"job kind {kind!r}: give run_at or delay, not both")
+    return _Checked(
+        id=uuid7(),
+        kind=kind,
+        payload=serialise(job.payload, f"job kind {kind!r}", dumps, limit),
+        queue=text(job.queue, "queue"),
+        priority=count(job.priority, "priority", minimum=-_MAX_INT, maximum=_MAX_INT),
+        run_at=None if job.run_at is None else aware_datetime(job.run_at, "run_at"),
+        delay=None if job.delay is None else duration(job.delay, "delay", allow_zero=True),
+        max_attempts=count(job.max_attempts, "max_attempts", maximum=_MAX_INT),
+        deduplication_key=optional_text(job.deduplication_key, "deduplication_key"),
+    )
+
+
+def _on_conflict_skip(stmt: Insert, target: Any) -> Insert:
+    t = table_of(target)
+    return stmt.on_conflict_do_nothing(
+        index_elements=[t.c.kind, t.c.deduplication_key],
+        index_where=t.c.deduplication_key.is_not(None),
+    )
+
+
+def enqueue_job(
+    target: object,
+    kind: str,
+    payload: Any,
+    *,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    run_at: dt.datetime | None = None,
+    delay: dt.timedelta | float | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    deduplication_key: str | None = None,
+    clock: Clock | None = None,
+    dumps: Dumps = compact_json,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> Insert:
+    """``INSERT … ON CONFLICT (kind, deduplication_key) DO NOTHING RETURNING id``.
+
+    No row comes back when a job of the same kind already holds the deduplication key. The
+    payload is serialised here, once, so a bad one fails before any SQL is sent.
+
+    Example:
+        >>> from sqlalchemy.dialects import postgresql
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> sql = str(enqueue_job(Job, "index-book", {"book_id": 1},
+        ...                       deduplication_key="index-book:1")
+        ...           .compile(dialect=postgresql.dialect()))
+        >>> "ON CONFLICT (kind, deduplication_key) WHERE deduplication_key IS NOT NULL" in sql
+        True
+    """
+    job = _check(
+        NewJob(kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key),
+        dumps,
+        max_payload_bytes,
+    )
+    t = table_of(target)
+    now = now_of(clock)
+    when: Any = job.run_at if job.run_at is not None else now
+    if job.delay is not None:
+        when = now + interval(job.delay)
+    stmt = insert(t).values(
+        id=job.id,
+        queue=job.queue,
+        kind=job.kind,
+        payload=jsonb(job.payload),
+        status=JobStatus.PENDING,
+        priority=job.priority,
+        run_at=when,
+        max_attempts=job.max_attempts,
+        deduplication_key=job.deduplication_key,
+        created_at=now,
+        updated_at=now,
+    )
+    return _on_conflict_skip(stmt, t).returning(t.c.id)
+
+
+def enqueue_jobs(
+    target: object,
+    jobs: Iterable[NewJob],
+    *,
+    clock: Clock | None = None,
+    dumps: Dumps = compact_json,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> tuple[Insert, list[uuid.UUID]]:
+    """One ``INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING id`` for many jobs.
+
+    Returns the statement and the ids given to the jobs, in input order: the ids the
+    statement returns are those that were inserted; the others collided with a
+    deduplication key (an earlier job, or an earlier one in the same batch). One statement
+    shape serves any number of jobs, so it compiles once.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> stmt, ids = enqueue_jobs(Job, [NewJob("a", {}), NewJob("b", [1, 2])])
+        >>> len(ids)
+        2
+    """
+    checked = [_check(job, dumps, max_payload_bytes) for job in jobs]
+    if not checked:
+        raise InvalidArgument("enqueue_jobs needs at least one job")
+    t = table_of(target)
+    now = now_of(clock)
+    rows = func.unnest(
+        uuid_array([j.id for j in checked]),
+        _array([j.queue for j in checked], Text()),
+        _array([j.kind for j in checked], Text()),
+        _array([j.payload for j in checked], Text()),
+        _array([j.priority for j in checked], Integer()),
+        _array([j.run_at for j in checked], DateTime(timezone=True)),
+        _array([j.delay for j in checked], Interval()),
+        _array([j.max_attempts for j in checked], Integer()),
+        _array([j.deduplication_key for j in checked], Text()),
+    ).table_valued(
+        "id", "queue", "kind", "payload", "priority", "run_at", "delay", "max_attempts", "dedup"
+    ).render_derived(name="new_jobs")
+    run_at = func.coalesce(rows.c.run_at, now + func.coalesce(rows.c.delay, literal(dt.timedelta())))
+    source = select(
+        rows.c.id,
+        rows.c.queue,
+        rows.c.kind,
+        cast(rows.c.payload, JSONB),
+        literal(JobStatus.PENDING.value).cast(t.c.status.type),
+        rows.c.priority,
+        run_at,
+        rows.c.max_attempts,
+        rows.c.dedup,
+        now,
+        now,
+    )
+    columns = [
+        "id", "queue", "kind", "payload", "status", "priority", "run_at",
+        "max_attempts", "deduplication_key", "created_at", "updated_at",
+    ]
+    stmt = _on_conflict_skip(insert(t).from_select(columns, source), t).returning(t.c.id)
+    return stmt, [j.id for j in checked]
+
+
+def _array(values: Sequence[Any], item_type: Any) -> Any:
+    return bindparam(None, list(values), type_=ARRAY(item_type))
+
+
+def claim_jobs(
+    target: object,
+    *,
+    worker_id: str,
+    batch: int = 1,
+    lease: dt.timedelta | float = DEFAULT_LEASE,
+    queues: str | Sequence[str] | None = None,
+    kinds: str | Sequence[str] | None = None,
+    clock: Clock | None = None,
+) -> Update:
+    """The article's atomic claim: a ``FOR UPDATE SKIP LOCKED`` CTE and ``UPDATE … RETURNING``.
+
+    Takes up to ``batch`` ready jobs (``pending``, ``run_at <= now``) in the stable order
+    ``priority DESC, run_at, id``, marks them ``running`` with ``attempts + 1``, a lease of
+    ``lease`` and a new ``lease_token`` each (the fencing token). ``queues`` / ``kinds``
+    restrict the claim (a name or a sequence of names; ``None`` means all). Naming the
+    queues lets the claim walk ``{table}_ready_idx`` in order.
+
+    Example:
+        >>> from sqlalchemy.dialects import postgresql
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> sql = str(claim_jobs(Job, worker_id="w1", batch=20, queues="default")
+        ...           .compile(dialect=postgresql.dialect()))
+        >>> "FOR UPDATE SKIP LOCKED" in sql and "RETURNING" in sql
+        True
+    """
+    worker = text(worker_id, "worker_id")
+    size = count(batch, "batch")
+    lease_for = duration(lease, "lease")
+    queue_names = name_filter(queues, "queues")
+    kind_names = name_filter(kinds, "kinds")
+    t = table_of(target)
+    now = now_of(clock)
+    ready = select(t.c.id).where(t.c.status == JobStatus.PENDING, t.c.run_at <= now)
+    if queue_names is not None:
+        ready = ready.where(in_names(t.c.queue, queue_names))
+    if kind_names is not None:
+        ready = ready.where(in_names(t.c.kind, kind_names))
+    claimed = (
+        ready.order_by(t.c.priority.desc(), t.c.run_at, t.c.id)
+        .limit(size)
+        .with_for_update(skip_locked=True)
+        .cte("claimed")
+    )
+    return (
+        update(t)
+        .where(t.c.id == claimed.c.id)
+        .values(
+            status=JobStatus.RUNNING,
+            attempts=t.c.attempts + 1,
+            lease_until=now + interval(lease_for),
+            lease_token=func.gen_random_uuid(),
+            worker_id=worker,
+            updated_at=now,
+        )
+        .returning(*_claim_columns(t))
+    )
+
+
+def _claim_columns(t: Any) -> list[Any]:
+    return [
+        t.c.id, t.c.queue, t.c.kind, t.c.payload, t.c.priority, t.c.run_at, t.c.attempts,
+        t.c.max_attempts, t.c.lease_until, t.c.lease_token, t.c.worker_id,
+        t.c.deduplication_key, t.c.created_at,
+    ]
+
+
+def _running(t: Any, job_id: object, token: object) -> list[Any]:
+    return [
+        t.c.id == as_uuid(job_id, "job id"),
+        t.c.status == JobStatus.RUNNING,
+        t.c.lease_token == as_uuid(token, "lease token"),
+    ]
+
+
+_RELEASED = {"lease_until": None, "lease_token": None, "worker_id": None}
+
+
+def heartbeat_job(
+    target: object,
+    job_id: object,
+    token: object,
+    *,
+    lease: dt.timedelta | float = DEFAULT_LEASE,
+    worker_id: str | None = None,
+    clock: Clock | None = None,
+) -> Update:
+    """Extend a live lease to ``now + lease``; never rotates the token (article, section 6).
+
+    Matches only while the job is ``running`` under ``token`` (and ``worker_id``, if given)
+    *and* the lease has not yet expired. Returns the new ``lease_until``; no row means the
+    lease was lost.
+
+    Example:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "lease_token" in str(heartbeat_job(Job, uuid.uuid4(), uuid.uuid4()))
+        True
+    """
+    lease_for = duration(lease, "lease")
+    t = table_of(target)
+    now = now_of(clock)
+    stmt = update(t).where(*_running(t, job_id, token), t.c.lease_until > now)
+    if worker_id is not None:
+        stmt = stmt.where(t.c.worker_id == text(worker_id, "worker_id"))
+    return stmt.values(lease_until=now + interval(lease_for), updated_at=now).returning(
+        t.c.id, t.c.lease_until
+    )
+
+
+def heartbeat_jobs(
+    target: object,
+    pairs: Iterable[tuple[object, object]],
+    *,
+    lease: dt.timedelta | float = DEFAULT_LEASE,
+    clock: Clock | None = None,
+) -> Update:
+    """`heartbeat_job` for many (id, token) pairs in one statement; returns the pairs renewed.
+
+    Example:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "unnest" in str(heartbeat_jobs(Job, [(uuid.uuid4(), uuid.uuid4())]))
+        True
+    """
+    lease_for = duration(lease, "lease")
+    ids, tokens = id_token_pairs(pairs, "heartbeat pairs")
+    t = table_of(target)
+    now = now_of(clock)
+    live = unnest_pairs(ids, tokens, "live")
+    return (
+        update(t)
+        .where(
+            t.c.id == live.c.id,
+            t.c.lease_token == live.c.token,
+            t.c.status == JobStatus.RUNNING,
+            t.c.lease_until > now,
+        )
+        .values(lease_until=now + interval(lease_for), updated_at=now)
+        .returning(t.c.id, live.c.token, t.c.lease_until)
+    )
+
+
+def complete_job(
+    target: object, job_id: object, token: object, *, clock: Clock | None = None
+) -> Update:
+    """Mark a job ``succeeded``, fenced by status and token; returns its id if it matched.
+
+    Example:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "status = :status_1" in str(complete_job(Job, uuid.uuid4(), uuid.uuid4()))
+        True
+    """
+    t = table_of(target)
+    now = now_of(clock)
+    return (
+        update(t)
+        .where(*_running(t, job_id, token))
+        .values(status=JobStatus.SUCCEEDED, updated_at=now, **_RELEASED)
+        .returning(t.c.id)
+    )
+
+
+def complete_jobs(
+    target: object, pairs: Iterable[tuple[object, object]], *, clock: Clock | None = None
+) -> Update:
+    """Batched completion: many (id, token) pairs, one ``UPDATE … FROM unnest(…)``.
+
+    One statement and one commit for a whole batch of acknowledgements is what lifts a
+    worker from ~700 to ~7,000 jobs/s on a commit-bound machine. Returns ``id, token`` of the
+    pairs that were still held; the others had lost their lease.
+
+    Example:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "unnest" in str(complete_jobs(Job, [(uuid.uuid4(), uuid.uuid4())]))
+        True
+    """
+    ids, tokens = id_token_pairs(pairs, "completion pairs")
+    t = table_of(target)
+    now = now_of(clock)
+    acks = unnest_pairs(ids, tokens, "acks")
+    return (
+        update(t)
+        .where(
+            t.c.id == acks.c.id,
+            t.c.lease_token == acks.c.token,
+            t.c.status == JobStatus.RUNNING,
+        )
+        .values(status=JobStatus.SUCCEEDED, updated_at=now, **_RELEASED)
+        .returning(t.c.id, acks.c.token)
+    )
+
+
+def retry_job(
+    target: object,
+    job_id: object,
+    token: object,
+    *,
+    error: str | None = None,
+    delay: dt.timedelta | float | None = None,
+    backoff: Backoff = DEFAULT_BACKOFF,
+    clock: Clock | None = None,
+) -> Update:
+    """Send a failed attempt back to ``pending`` after a delay, or to ``failed`` at max_attempts.
+
+    The delay is ``delay`` when given, else ``backoff`` computed in SQL from the row's own
+    ``attempts`` (the formula the reclaimer uses). Fenced by status and token; returns
+    ``id, status, run_at``.
+
+    Example:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "CASE WHEN" in str(retry_job(Job, uuid.uuid4(), uuid.uuid4(), error="timeout"))
+        True
+    """
+    t = table_of(target)
+    now = now_of(clock)
+    wait = (
+        backoff.sql_delay(t.c.attempts)
+        if delay is None
+        else interval(duration(delay, "delay", allow_zero=True))
+    )
+    exhausted = t.c.attempts >= t.c.max_attempts
+    return (
+        update(t)
+        .where(*_running(t, job_id, token))
+        .values(
+            status=_failed_if(exhausted, t),
+            run_at=case((exhausted, t.c.run_at), else_=now + wait),
+            last_error=_error_text(error),
+            updated_at=now,
+            **_RELEASED,
+        )
+        .returning(t.c.id, t.c.status, t.c.run_at)
+    )
+
+
+def fail_job(
+    target: object,
+    job_id: object,
+    token: object,
+    *,
+    error: str | None = None,
+    clock: Clock | None = None,
+) -> Update:
+    """Mark a job ``failed`` at once (a permanent error), fenced by status and token.
+
+    Example:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "last_error" in str(fail_job(Job, uuid.uuid4(), uuid.uuid4(), error="bad payload"))
+        True
+    """
+    t = table_of(target)
+    now = now_of(clock)
+    return (
+        update(t)
+        .where(*_running(t, job_id, token))
+        .values(
+            status=JobStatus.FAILED, last_error=_error_text(error), updated_at=now, **_RELEASED
+        )
+        .returning(t.c.id)
+    )
+
+
+def _failed_if(exhausted: Any, t: Any) -> Any:
+    """``CASE WHEN exhausted THEN 'failed' ELSE 'pending' END``, typed as the status enum."""
+    return case(
+        (exhausted, cast(literal(JobStatus.FAILED.value), t.c.status.type)),
+        else_=cast(literal(JobStatus.PENDING.value), t.c.status.type),
+    )
+
+
+def _error_text(error: object) -> Any:
+    if error is None:
+        return None
+    if not isinstance(error, str):
+        error = str(error)
+    return bindparam(None, error, type_=Text)
+
+
+def reclaim_expired_jobs(
+    target: object,
+    *,
+    backoff: Backoff = DEFAULT_BACKOFF,
+    limit: int = 1000,
+    clock: Clock | None = None,
+) -> Update:
+    """Return expired leases to ``pending`` with backoff, or to ``failed`` at max_attempts.
+
+    A job whose worker died (or stalled past its lease) comes back after the same delay a
+    retry would give it, so a job that kills every worker that takes it cannot loop hot; at
+    ``max_attempts`` it ends ``failed`` with the reason in ``last_error``. Takes at most
+    ``limit`` rows, skipping rows locked by a concurrent completion. Returns
+    ``id, status, worker_id, attempts`` of each reclaimed job.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "lease_until <" in str(reclaim_expired_jobs(Job))
+        True
+    """
+    size = count(limit, "limit")
+    t = table_of(target)
+    now = now_of(clock)
+    expired = (
+        select(t.c.id, t.c.worker_id)
+        .where(t.c.status == JobStatus.RUNNING, t.c.lease_until < now)
+        .order_by(t.c.lease_until)
+        .limit(size)
+        .with_for_update(skip_locked=True)
+        .cte("expired")
+    )
+    exhausted = t.c.attempts >= t.c.max_attempts
+    reason = func.concat(
+        "lease expired at ", t.c.lease_until, " while held by worker ", t.c.worker_id
+    )
+    return (
+        update(t)
+        .where(t.c.id == expired.c.id)
+        .values(
+            status=_failed_if(exhausted, t),
+            run_at=case((exhausted, t.c.run_at), else_=now + backoff.sql_delay(t.c.attempts)),
+            last_error=reason,
+            updated_at=now,
+            **_RELEASED,
+        )
+        .returning(t.c.id, t.c.status, expired.c.worker_id, t.c.attempts)
+    )
+
+
+def requeue_failed_jobs(
+    target: object,
+    *,
+    ids: Sequence[object] | None = None,
+    kinds: str | Sequence[str] | None = None,
+    queues: str | Sequence[str] | None = None,
+    reset_attempts: bool = True,
+    clock: Clock | None = None,
+) -> Update:
+    """Send ``failed`` jobs back to ``pending`` now, by hand (article, section 7).
+
+    Filters combine with AND; with none, every failed job is requeued. ``last_error`` is
+    kept for the record; ``attempts`` restarts at 0 unless ``reset_attempts=False``.
+    Returns the ids requeued.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "status = :status_1" in str(requeue_failed_jobs(Job, kinds="send-email"))
+        True
+    """
+    kind_names = name_filter(kinds, "kinds")
+    queue_names = name_filter(queues, "queues")
+    t = table_of(target)
+    now = now_of(clock)
+    stmt = update(t).where(t.c.status == JobStatus.FAILED)
+    if ids is not None:
+        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+            raise InvalidArgument("ids must be a sequence of job ids")
+        stmt = stmt.where(t.c.id == func.any(uuid_array([as_uuid(i, "job id") for i in ids])))
+    if kind_names is not None:
+        stmt = stmt.where(in_names(t.c.kind, kind_names))
+    if queue_names is not None:
+        stmt = stmt.where(in_names(t.c.queue, queue_names))
+    values: dict[str, Any] = {"status": JobStatus.PENDING, "run_at": now, "updated_at": now}
+    if reset_attempts:
+        values["attempts"] = 0
+    return stmt.values(**values).returning(t.c.id)
+
+
+def prune_jobs(
+    target: object,
+    *,
+    older_than: dt.timedelta | float,
+    statuses: Iterable[JobStatus | str] = (JobStatus.SUCCEEDED, JobStatus.FAILED),
+    batch: int = 1000,
+    clock: Clock | None = None,
+) -> Delete:
+    """Delete one batch of finished jobs last updated more than ``older_than`` ago.
+
+    Only ``succeeded`` and ``failed`` may be pruned. Rows are picked with ``FOR UPDATE SKIP
+    LOCKED`` so a prune never waits on (or holds up) the queue; run it until it deletes
+    fewer than ``batch`` rows.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "DELETE FROM jobs" in str(prune_jobs(Job, older_than=7 * 86400))
+        True
+    """
+    window = duration(older_than, "older_than", allow_zero=True)
+    size = count(batch, "batch")
+    wanted = []
+    for status in statuses:
+        try:
+            wanted.append(JobStatus(status))
+        except ValueError:
+            raise InvalidArgument(f"unknown job status {status!r}") from None
+    if not wanted or not set(wanted) <= _FINISHED:
+        raise InvalidArgument(
+            f"only finished jobs (succeeded, failed) can be pruned, got {[str(s) for s in wanted]}"
+        )
+    t = table_of(target)
+    now = now_of(clock)
+    doomed = (
+        select(t.c.id)
+        .where(t.c.status.in_(sorted(set(wanted))), t.c.updated_at < now - interval(window))
+        .limit(size)
+        .with_for_update(skip_locked=True)
+    )
+    return delete(t).where(t.c.id.in_(doomed.scalar_subquery()))
+
+
+def count_jobs_by_status(target: object) -> Select[tuple[JobStatus, int]]:
+    """``SELECT status, count(*) … GROUP BY status``.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "GROUP BY" in str(count_jobs_by_status(Job))
+        True
+    """
+    t = table_of(target)
+    return select(t.c.status, func.count()).group_by(t.c.status)
