@@ -1,4 +1,4 @@
-"""The retry delay: min(base·2^(attempts−1), max) + jitter, in Python and in SQL."""
+"""The retry delay: min(base*2^(attempts-1), max) + jitter, in Python and in SQL."""
 
 from __future__ import annotations
 

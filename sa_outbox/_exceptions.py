@@ -50,10 +50,10 @@ class InvalidArgumentType(SaOutboxError, TypeError):
     """An argument of a type the library does not take (a dict as a queue filter, …).
 
     Example:
-        >>> raise InvalidArgumentType("queues must be a str or a sequence of str, got int")
+        >>> raise InvalidArgumentType("queues must be a str, got int")
         Traceback (most recent call last):
         ...
-        sa_outbox._exceptions.InvalidArgumentType: queues must be a str or a sequence of str, got int
+        sa_outbox._exceptions.InvalidArgumentType: queues must be a str, got int
     """
 
 
@@ -61,10 +61,10 @@ class PayloadNotSerializable(InvalidArgumentType):
     """A payload that JSON cannot encode; the message names the job kind or event type.
 
     Example:
-        >>> raise PayloadNotSerializable("payload of job kind 'x' is not JSON-serialisable")
+        >>> raise PayloadNotSerializable("payload of job kind 'x' is not JSON")
         Traceback (most recent call last):
         ...
-        sa_outbox._exceptions.PayloadNotSerializable: payload of job kind 'x' is not JSON-serialisable
+        sa_outbox._exceptions.PayloadNotSerializable: payload of job kind 'x' is not JSON
     """
 
 
@@ -72,10 +72,10 @@ class PayloadTooLarge(InvalidArgument):
     """A serialised payload larger than the configured limit.
 
     Example:
-        >>> raise PayloadTooLarge("payload of job kind 'x' is 2000000 bytes, limit 1048576")
+        >>> raise PayloadTooLarge("payload of job kind 'x' is 2000000 bytes")
         Traceback (most recent call last):
         ...
-        sa_outbox._exceptions.PayloadTooLarge: payload of job kind 'x' is 2000000 bytes, limit 1048576
+        sa_outbox._exceptions.PayloadTooLarge: payload of job kind 'x' is 2000000 bytes
     """
 
 

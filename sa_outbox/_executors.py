@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from sqlalchemy import Connection, Executable, Result
+from sqlalchemy import Connection, Executable
 from sqlalchemy.orm import Session
 
 from . import statements as st
@@ -33,7 +33,8 @@ from .schema import JobStatus, resolve_table
 from .statements._common import Dumps
 
 T = TypeVar("T")
-Op = Generator[Executable, Result[Any], T]
+# An operation yields statements and is sent back each statement's (buffered) Result.
+Op = Generator[Executable, Any, T]
 SyncConn: TypeAlias = Connection | Session
 
 if TYPE_CHECKING:
@@ -70,6 +71,11 @@ def _batch(pairs: Sequence[tuple[uuid.UUID, uuid.UUID]], done_rows: Iterable[Any
     )
 
 
+def _payload_options(dumps: Dumps | None, max_payload_bytes: int) -> tuple[Dumps, int]:
+    limit = count(max_payload_bytes, "max_payload_bytes", maximum=256 << 20)
+    return dumps or st.compact_json, limit
+
+
 class _JobOps:
     """The job operations, each written once as a generator over statements."""
 
@@ -85,28 +91,35 @@ class _JobOps:
         self.table = resolve_table(model)
         self.clock = clock
         self.backoff = backoff or st.DEFAULT_BACKOFF
-        self._payload = {
-            "dumps": dumps or st.compact_json,
-            "max_payload_bytes": count(
-                max_payload_bytes, "max_payload_bytes", maximum=256 << 20
-            ),
-        }
+        self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
 
     def enqueue(self, kind: str, payload: Any, options: dict[str, Any]) -> Op[EnqueueResult]:
-        stmt = st.enqueue_job(self.table, kind, payload, clock=self.clock, **self._payload,
-                              **options)
+        stmt = st.enqueue_job(
+            self.table,
+            kind,
+            payload,
+            clock=self.clock,
+            dumps=self.dumps,
+            max_payload_bytes=self.max_payload_bytes,
+            **options,
+        )
         row = (yield stmt).first()
         return EnqueueResult(id=row[0] if row else None, inserted=row is not None)
 
     def enqueue_many(self, jobs: Iterable[st.NewJob]) -> Op[list[EnqueueResult]]:
-        stmt, ids = st.enqueue_jobs(self.table, jobs, clock=self.clock, **self._payload)
+        stmt, ids = st.enqueue_jobs(
+            self.table,
+            jobs,
+            clock=self.clock,
+            dumps=self.dumps,
+            max_payload_bytes=self.max_payload_bytes,
+        )
         inserted = {row[0] for row in (yield stmt)}
-        return [EnqueueResult(id=i if i in inserted else None, inserted=i in inserted)
-                for i in ids]
+        return [EnqueueResult(id=i if i in inserted else None, inserted=i in inserted) for i in ids]
 
     def claim(self, options: dict[str, Any]) -> Op[list[ClaimedJob]]:
         rows = (yield st.claim_jobs(self.table, clock=self.clock, **options)).all()
-        jobs = [ClaimedJob(*row) for row in rows]
+        jobs = [ClaimedJob(**row._asdict()) for row in rows]
         # RETURNING has no order of its own: hand jobs out in the claim's order.
         jobs.sort(key=lambda j: (-j.priority, j.run_at, j.id))
         return jobs
@@ -142,8 +155,15 @@ class _JobOps:
         error: str | None,
         delay: dt.timedelta | float | None,
     ) -> Op[RetryResult]:
-        stmt = st.retry_job(self.table, job_id, token, error=error, delay=delay,
-                            backoff=self.backoff, clock=self.clock)
+        stmt = st.retry_job(
+            self.table,
+            job_id,
+            token,
+            error=error,
+            delay=delay,
+            backoff=self.backoff,
+            clock=self.clock,
+        )
         row = (yield stmt).first()
         if row is None:
             raise LeaseLost("job", job_id, token, action="retry")
@@ -156,8 +176,9 @@ class _JobOps:
             raise LeaseLost("job", job_id, token, action="fail")
 
     def reclaim(self, limit: int) -> Op[list[ReclaimedJob]]:
-        stmt = st.reclaim_expired_jobs(self.table, backoff=self.backoff, limit=limit,
-                                       clock=self.clock)
+        stmt = st.reclaim_expired_jobs(
+            self.table, backoff=self.backoff, limit=limit, clock=self.clock
+        )
         return [ReclaimedJob(r[0], JobStatus(r[1]), r[2], r[3]) for r in (yield stmt)]
 
     def requeue_failed(self, options: dict[str, Any]) -> Op[list[uuid.UUID]]:
@@ -165,7 +186,7 @@ class _JobOps:
         return [row[0] for row in (yield stmt)]
 
     def prune(self, options: dict[str, Any]) -> Op[int]:
-        return (yield st.prune_jobs(self.table, clock=self.clock, **options)).rowcount  # type: ignore[attr-defined, no-any-return]
+        return (yield st.prune_jobs(self.table, clock=self.clock, **options)).rowcount  # type: ignore[no-any-return]
 
     def counts(self) -> Op[dict[JobStatus, int]]:
         found = {JobStatus(s): n for s, n in (yield st.count_jobs_by_status(self.table))}
@@ -180,20 +201,21 @@ class _OutboxOps:
     ) -> None:
         self.table = resolve_table(model)
         self.clock = clock
-        self._payload = {
-            "dumps": dumps or st.compact_json,
-            "max_payload_bytes": count(
-                max_payload_bytes, "max_payload_bytes", maximum=256 << 20
-            ),
-        }
+        self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
 
     def append(self, options: dict[str, Any]) -> Op[uuid.UUID]:
-        stmt = st.append_event(self.table, clock=self.clock, **self._payload, **options)
+        stmt = st.append_event(
+            self.table,
+            clock=self.clock,
+            dumps=self.dumps,
+            max_payload_bytes=self.max_payload_bytes,
+            **options,
+        )
         return (yield stmt).one()[0]  # type: ignore[no-any-return]
 
     def claim(self, batch: int, lease: dt.timedelta | float) -> Op[list[ClaimedEvent]]:
         stmt = st.claim_events(self.table, batch=batch, lease=lease, clock=self.clock)
-        events = [ClaimedEvent(*row) for row in (yield stmt)]
+        events = [ClaimedEvent(**row._asdict()) for row in (yield stmt)]
         events.sort(key=lambda e: e.seq)
         return events
 
@@ -208,7 +230,7 @@ class _OutboxOps:
 
     def prune(self, older_than: dt.timedelta | float, batch: int) -> Op[int]:
         stmt = st.prune_events(self.table, older_than=older_than, batch=batch, clock=self.clock)
-        return (yield stmt).rowcount  # type: ignore[attr-defined, no-any-return]
+        return (yield stmt).rowcount  # type: ignore[no-any-return]
 
 
 def _event_options(

@@ -59,16 +59,15 @@ class JobQueue(_Base):
     when the job is no longer running under the given token, and leaves the row untouched.
 
     Example:
-        >>> from sqlalchemy import create_engine
-        >>> from sa_outbox import JobQueue
-        >>> queue = JobQueue(Job)                                     # doctest: +SKIP
-        >>> with engine.begin() as conn:                              # doctest: +SKIP
-        ...     queue.enqueue(conn, "send-email", {"to": "ana@example.com"})
-        >>> with engine.begin() as conn:                              # doctest: +SKIP
-        ...     jobs = queue.claim(conn, worker_id="w1", batch=20)
-        >>> # … run the jobs outside any transaction, then:
-        >>> with engine.begin() as conn:                              # doctest: +SKIP
-        ...     queue.complete_many(conn, [(j.id, j.lease_token) for j in jobs])
+        from sa_outbox import JobQueue
+        queue = JobQueue(Job)
+        with engine.begin() as conn:
+            queue.enqueue(conn, "send-email", {"to": "ana@example.com"})
+        with engine.begin() as conn:
+            jobs = queue.claim(conn, worker_id="w1", batch=20)
+        # … run the jobs outside any transaction, then:
+        with engine.begin() as conn:
+            queue.complete_many(conn, [(j.id, j.lease_token) for j in jobs])
     """
 
     def enqueue(
@@ -87,13 +86,17 @@ class JobQueue(_Base):
         """Add one job; ``inserted`` is False when its deduplication key is already taken.
 
         Example:
-            >>> queue.enqueue(conn, "index-book", {"book_id": 7},   # doctest: +SKIP
-            ...               deduplication_key="index-book:7").inserted
-            True
+            queue.enqueue(conn, "index-book", {"book_id": 7},
+                          deduplication_key="index-book:7").inserted
+            # -> True
         """
         options = dict(
-            queue=queue, priority=priority, run_at=run_at, delay=delay,
-            max_attempts=max_attempts, deduplication_key=deduplication_key,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=max_attempts,
+            deduplication_key=deduplication_key,
         )
         return _drive(conn, self._ops.enqueue(kind, payload, options))
 
@@ -101,7 +104,7 @@ class JobQueue(_Base):
         """Add many jobs in one statement; results come in input order.
 
         Example:
-            >>> queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])  # doctest: +SKIP
+            queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])
         """
         return _drive(conn, self._ops.enqueue_many(jobs))
 
@@ -118,10 +121,15 @@ class JobQueue(_Base):
         """Claim up to ``batch`` ready jobs (commit right after, then run them).
 
         Example:
-            >>> jobs = queue.claim(conn, worker_id="w1", batch=20, queues="emails")  # doctest: +SKIP
+            jobs = queue.claim(conn, worker_id="w1", batch=20)
         """
-        options = {"worker_id": worker_id, "batch": batch, "lease": lease, "queues": queues,
-                   "kinds": kinds}
+        options = {
+            "worker_id": worker_id,
+            "batch": batch,
+            "lease": lease,
+            "queues": queues,
+            "kinds": kinds,
+        }
         return _drive(conn, self._ops.claim(options))
 
     def heartbeat(
@@ -136,7 +144,7 @@ class JobQueue(_Base):
         """Extend a live lease; returns the new ``lease_until`` or raises `LeaseLost`.
 
         Example:
-            >>> queue.heartbeat(conn, job.id, job.lease_token, lease=30)  # doctest: +SKIP
+            queue.heartbeat(conn, job.id, job.lease_token, lease=30)
         """
         options = {"lease": lease, "worker_id": worker_id}
         return _drive(conn, self._ops.heartbeat(job_id, token, options))
@@ -147,7 +155,7 @@ class JobQueue(_Base):
         """Extend many leases in one statement; ``lost`` lists the ones no longer held.
 
         Example:
-            >>> queue.heartbeat_many(conn, [(j.id, j.lease_token) for j in jobs])  # doctest: +SKIP
+            queue.heartbeat_many(conn, [(j.id, j.lease_token) for j in jobs])
         """
         return _drive(conn, self._ops.heartbeat_many(pairs, lease))
 
@@ -155,7 +163,7 @@ class JobQueue(_Base):
         """Mark one job ``succeeded``, or raise `LeaseLost`.
 
         Example:
-            >>> queue.complete(conn, job.id, job.lease_token)  # doctest: +SKIP
+            queue.complete(conn, job.id, job.lease_token)
         """
         _drive(conn, self._ops.complete(job_id, token))
 
@@ -163,7 +171,7 @@ class JobQueue(_Base):
         """Mark many jobs ``succeeded`` in one statement; ``lost`` lists those not held.
 
         Example:
-            >>> queue.complete_many(conn, [(j.id, j.lease_token) for j in jobs])  # doctest: +SKIP
+            queue.complete_many(conn, [(j.id, j.lease_token) for j in jobs])
         """
         return _drive(conn, self._ops.complete_many(pairs))
 
@@ -179,8 +187,8 @@ class JobQueue(_Base):
         """Back to ``pending`` after ``delay`` (default: the backoff), or ``failed`` at max.
 
         Example:
-            >>> queue.retry(conn, job.id, job.lease_token, error="timeout").status  # doctest: +SKIP
-            <JobStatus.PENDING: 'pending'>
+            queue.retry(conn, job.id, job.lease_token, error="timeout").status
+            # -> <JobStatus.PENDING: 'pending'>
         """
         return _drive(conn, self._ops.retry(job_id, token, error, delay))
 
@@ -190,7 +198,7 @@ class JobQueue(_Base):
         """Mark a job ``failed`` at once (a permanent error), or raise `LeaseLost`.
 
         Example:
-            >>> queue.fail(conn, job.id, job.lease_token, error="bad payload")  # doctest: +SKIP
+            queue.fail(conn, job.id, job.lease_token, error="bad payload")
         """
         _drive(conn, self._ops.fail(job_id, token, error))
 
@@ -198,8 +206,8 @@ class JobQueue(_Base):
         """Return up to ``limit`` expired leases to ``pending`` (with backoff) or ``failed``.
 
         Example:
-            >>> queue.reclaim_expired(conn)  # doctest: +SKIP
-            []
+            queue.reclaim_expired(conn)
+            # -> []
         """
         return _drive(conn, self._ops.reclaim(limit))
 
@@ -215,7 +223,7 @@ class JobQueue(_Base):
         """Send failed jobs back to ``pending`` now; returns their ids.
 
         Example:
-            >>> queue.requeue_failed(conn, kinds="send-email")  # doctest: +SKIP
+            queue.requeue_failed(conn, kinds="send-email")
         """
         options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
         return _drive(conn, self._ops.requeue_failed(options))
@@ -231,8 +239,8 @@ class JobQueue(_Base):
         """Delete one batch of finished jobs older than ``older_than``; returns how many.
 
         Example:
-            >>> queue.prune(conn, older_than=dt.timedelta(days=7))  # doctest: +SKIP
-            0
+            queue.prune(conn, older_than=dt.timedelta(days=7))
+            # -> 0
         """
         options = {"older_than": older_than, "statuses": statuses, "batch": batch}
         return _drive(conn, self._ops.prune(options))
@@ -241,8 +249,8 @@ class JobQueue(_Base):
         """How many jobs are in each status (every status present, zero included).
 
         Example:
-            >>> queue.counts(conn)[JobStatus.PENDING]  # doctest: +SKIP
-            0
+            queue.counts(conn)[JobStatus.PENDING]
+            # -> 0
         """
         return _drive(conn, self._ops.counts())
 
@@ -251,9 +259,9 @@ class AsyncJobQueue(_Base):
     """`JobQueue` for asyncio: the same operations on an `AsyncConnection`/`AsyncSession`.
 
     Example:
-        >>> queue = AsyncJobQueue(Job)                                   # doctest: +SKIP
-        >>> async with async_engine.begin() as conn:                     # doctest: +SKIP
-        ...     jobs = await queue.claim(conn, worker_id="w1", batch=20)
+        queue = AsyncJobQueue(Job)
+        async with async_engine.begin() as conn:
+            jobs = await queue.claim(conn, worker_id="w1", batch=20)
     """
 
     async def enqueue(
@@ -271,14 +279,16 @@ class AsyncJobQueue(_Base):
     ) -> EnqueueResult:
         """See `JobQueue.enqueue`."""
         options = dict(
-            queue=queue, priority=priority, run_at=run_at, delay=delay,
-            max_attempts=max_attempts, deduplication_key=deduplication_key,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=max_attempts,
+            deduplication_key=deduplication_key,
         )
         return await _adrive(conn, self._ops.enqueue(kind, payload, options))
 
-    async def enqueue_many(
-        self, conn: AsyncConn, jobs: Iterable[st.NewJob]
-    ) -> list[EnqueueResult]:
+    async def enqueue_many(self, conn: AsyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
         """See `JobQueue.enqueue_many`."""
         return await _adrive(conn, self._ops.enqueue_many(jobs))
 
@@ -293,8 +303,13 @@ class AsyncJobQueue(_Base):
         kinds: str | Sequence[str] | None = None,
     ) -> list[ClaimedJob]:
         """See `JobQueue.claim`."""
-        options = {"worker_id": worker_id, "batch": batch, "lease": lease, "queues": queues,
-                   "kinds": kinds}
+        options = {
+            "worker_id": worker_id,
+            "batch": batch,
+            "lease": lease,
+            "queues": queues,
+            "kinds": kinds,
+        }
         return await _adrive(conn, self._ops.claim(options))
 
     async def heartbeat(

@@ -45,16 +45,16 @@ class Outbox(_Base):
     """The outbox on a sync `Connection` or `Session`; the caller owns the transaction.
 
     Example:
-        >>> outbox = Outbox(OutboxEvent)                                   # doctest: +SKIP
-        >>> with Session(engine) as session, session.begin():              # doctest: +SKIP
-        ...     session.add(order)
-        ...     outbox.append(session, event_type="OrderPlaced", aggregate_type="order",
-        ...                   aggregate_id=order.id, payload={"total_cents": 1200})
-        >>> with engine.begin() as conn:                                   # doctest: +SKIP
-        ...     events = outbox.claim(conn, batch=100)
-        >>> # publish each event, then:
-        >>> with engine.begin() as conn:                                   # doctest: +SKIP
-        ...     outbox.mark_published_many(conn, [(e.id, e.relay_token) for e in events])
+        outbox = Outbox(OutboxEvent)
+        with Session(engine) as session, session.begin():
+            session.add(order)
+            outbox.append(session, event_type="OrderPlaced", aggregate_type="order",
+                          aggregate_id=order.id, payload={"total_cents": 1200})
+        with engine.begin() as conn:
+            events = outbox.claim(conn, batch=100)
+        # publish each event, then:
+        with engine.begin() as conn:
+            outbox.mark_published_many(conn, [(e.id, e.relay_token) for e in events])
     """
 
     def append(
@@ -70,19 +70,25 @@ class Outbox(_Base):
         """Insert one event in the caller's transaction; returns its id (the message id).
 
         Example:
-            >>> outbox.append(conn, event_type="OrderPlaced", aggregate_type="order",  # doctest: +SKIP
-            ...               aggregate_id=42, payload={})
+            outbox.append(
+                conn, event_type="OrderPlaced", aggregate_type="order", aggregate_id=42,
+                payload={},
+            )
         """
         options = _event_options(event_type, aggregate_type, aggregate_id, payload, headers)
         return _drive(conn, self._ops.append(options))
 
     def claim(
-        self, conn: SyncConn, *, batch: int = 100, lease: dt.timedelta | float = st.DEFAULT_RELAY_LEASE
+        self,
+        conn: SyncConn,
+        *,
+        batch: int = 100,
+        lease: dt.timedelta | float = st.DEFAULT_RELAY_LEASE,
     ) -> list[ClaimedEvent]:
         """Claim up to ``batch`` unpublished events, in ``seq`` order.
 
         Example:
-            >>> events = outbox.claim(conn, batch=100)  # doctest: +SKIP
+            events = outbox.claim(conn, batch=100)
         """
         return _drive(conn, self._ops.claim(batch, lease))
 
@@ -90,7 +96,7 @@ class Outbox(_Base):
         """Mark one event published after the broker took it, or raise `LeaseLost`.
 
         Example:
-            >>> outbox.mark_published(conn, event.id, event.relay_token)  # doctest: +SKIP
+            outbox.mark_published(conn, event.id, event.relay_token)
         """
         _drive(conn, self._ops.mark_published(event_id, token))
 
@@ -98,7 +104,8 @@ class Outbox(_Base):
         """Mark many events published in one statement.
 
         Example:
-            >>> outbox.mark_published_many(conn, [(e.id, e.relay_token) for e in events])  # doctest: +SKIP
+            pairs = [(e.id, e.relay_token) for e in events]
+            outbox.mark_published_many(conn, pairs)
         """
         return _drive(conn, self._ops.mark_published_many(pairs))
 
@@ -106,8 +113,8 @@ class Outbox(_Base):
         """Delete one batch of events published more than ``older_than`` ago.
 
         Example:
-            >>> outbox.prune(conn, older_than=dt.timedelta(days=7))  # doctest: +SKIP
-            0
+            outbox.prune(conn, older_than=dt.timedelta(days=7))
+            # -> 0
         """
         return _drive(conn, self._ops.prune(older_than, batch))
 
@@ -116,9 +123,9 @@ class AsyncOutbox(_Base):
     """`Outbox` for asyncio, on an `AsyncConnection`/`AsyncSession`.
 
     Example:
-        >>> outbox = AsyncOutbox(OutboxEvent)                  # doctest: +SKIP
-        >>> async with async_engine.begin() as conn:           # doctest: +SKIP
-        ...     events = await outbox.claim(conn)
+        outbox = AsyncOutbox(OutboxEvent)
+        async with async_engine.begin() as conn:
+            events = await outbox.claim(conn)
     """
 
     async def append(
@@ -136,7 +143,11 @@ class AsyncOutbox(_Base):
         return await _adrive(conn, self._ops.append(options))
 
     async def claim(
-        self, conn: AsyncConn, *, batch: int = 100, lease: dt.timedelta | float = st.DEFAULT_RELAY_LEASE
+        self,
+        conn: AsyncConn,
+        *,
+        batch: int = 100,
+        lease: dt.timedelta | float = st.DEFAULT_RELAY_LEASE,
     ) -> list[ClaimedEvent]:
         """See `Outbox.claim`."""
         return await _adrive(conn, self._ops.claim(batch, lease))

@@ -1,7 +1,8 @@
 """The test bed: a real PostgreSQL, from SA_OUTBOX_TEST_DATABASE_URL or embedded (pgserver).
 
 Every test gets empty tables: the session creates them once in a schema of its own (named
-after the process, so concurrent runs do not collide) and each test truncates them. Models are declared on a base of the tests' own, as a user would.
+after the process, so concurrent runs do not collide) and each test truncates them. Models
+are declared on a base of the tests' own, as a user would.
 """
 
 from __future__ import annotations

@@ -93,11 +93,12 @@ def test_skip_locked_second_transaction_claims_another_row(engine: Engine, queue
 
 def test_explicitly_locked_row_is_skipped(engine: Engine, queue: JobQueue) -> None:
     first, second = enqueue(engine, queue, 2)
-    with engine.connect() as locker, engine.begin() as conn:
-        with locker.begin():
-            locker.execute(text(f"SELECT 1 FROM {Job.__table__.fullname} WHERE id = :id FOR UPDATE"),
-                           {"id": first})
-            assert [j.id for j in queue.claim(conn, worker_id="B", batch=2)] == [second]
+    with engine.connect() as locker, engine.begin() as conn, locker.begin():
+        locker.execute(
+            text(f"SELECT 1 FROM {Job.__table__.fullname} WHERE id = :id FOR UPDATE"),
+            {"id": first},
+        )
+        assert [j.id for j in queue.claim(conn, worker_id="B", batch=2)] == [second]
 
 
 def test_concurrent_claimers_take_each_job_exactly_once(engine: Engine, clock: FakeClock) -> None:
@@ -194,10 +195,9 @@ def test_enqueue_many_reports_each_insert_in_order(engine: Engine, queue: JobQue
 
 
 def test_rollback_removes_the_job(engine: Engine, queue: JobQueue) -> None:
-    with engine.connect() as conn:
-        with conn.begin() as tx:
-            queue.enqueue(conn, "work", {})
-            tx.rollback()
+    with engine.connect() as conn, conn.begin() as tx:
+        queue.enqueue(conn, "work", {})
+        tx.rollback()
     assert jobs_by_status(engine) == {}
 
 
@@ -255,7 +255,9 @@ def test_reclaim_applies_backoff_and_fails_at_max_attempts(
     assert "lease expired" in row.last_error and "crashy" in row.last_error
 
 
-def test_reclaim_leaves_live_leases_alone(engine: Engine, queue: JobQueue, clock: FakeClock) -> None:
+def test_reclaim_leaves_live_leases_alone(
+    engine: Engine, queue: JobQueue, clock: FakeClock
+) -> None:
     enqueue(engine, queue)
     with engine.begin() as conn:
         queue.claim(conn, worker_id="w", lease=30)
@@ -360,7 +362,10 @@ def test_counts(engine: Engine, queue: JobQueue) -> None:
     with engine.begin() as conn:
         queue.claim(conn, worker_id="w")
         assert queue.counts(conn) == {
-            JobStatus.PENDING: 2, JobStatus.RUNNING: 1, JobStatus.SUCCEEDED: 0, JobStatus.FAILED: 0
+            JobStatus.PENDING: 2,
+            JobStatus.RUNNING: 1,
+            JobStatus.SUCCEEDED: 0,
+            JobStatus.FAILED: 0,
         }
 
 

@@ -27,11 +27,12 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
+from sqlalchemy.sql.dml import ReturningInsert
 
 from .._backoff import Backoff
 from .._clock import Clock
-from .._ids import uuid7
 from .._exceptions import InvalidArgument
+from .._ids import uuid7
 from .._validation import (
     aware_datetime,
     count,
@@ -137,7 +138,7 @@ def enqueue_job(
     clock: Clock | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-) -> Insert:
+) -> ReturningInsert[Any]:
     """``INSERT … ON CONFLICT (kind, deduplication_key) DO NOTHING RETURNING id``.
 
     No row comes back when a job of the same kind already holds the deduplication key. The
@@ -188,7 +189,7 @@ def enqueue_jobs(
     clock: Clock | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-) -> tuple[Insert, list[uuid.UUID]]:
+) -> tuple[ReturningInsert[Any], list[uuid.UUID]]:
     """One ``INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING id`` for many jobs.
 
     Returns the statement and the ids given to the jobs, in input order: the ids the
@@ -210,20 +211,26 @@ def enqueue_jobs(
         raise InvalidArgument("enqueue_jobs needs at least one job")
     t = table_of(target)
     now = now_of(clock)
-    rows = func.unnest(
-        uuid_array([j.id for j in checked]),
-        _array([j.queue for j in checked], Text()),
-        _array([j.kind for j in checked], Text()),
-        _array([j.payload for j in checked], Text()),
-        _array([j.priority for j in checked], Integer()),
-        _array([j.run_at for j in checked], DateTime(timezone=True)),
-        _array([j.delay for j in checked], Interval()),
-        _array([j.max_attempts for j in checked], Integer()),
-        _array([j.deduplication_key for j in checked], Text()),
-    ).table_valued(
-        "id", "queue", "kind", "payload", "priority", "run_at", "delay", "max_attempts", "dedup"
-    ).render_derived(name="new_jobs")
-    run_at = func.coalesce(rows.c.run_at, now + func.coalesce(rows.c.delay, literal(dt.timedelta())))
+    rows = (
+        func.unnest(
+            uuid_array([j.id for j in checked]),
+            _array([j.queue for j in checked], Text()),
+            _array([j.kind for j in checked], Text()),
+            _array([j.payload for j in checked], Text()),
+            _array([j.priority for j in checked], Integer()),
+            _array([j.run_at for j in checked], DateTime(timezone=True)),
+            _array([j.delay for j in checked], Interval()),
+            _array([j.max_attempts for j in checked], Integer()),
+            _array([j.deduplication_key for j in checked], Text()),
+        )
+        .table_valued(
+            "id", "queue", "kind", "payload", "priority", "run_at", "delay", "max_attempts", "dedup"
+        )
+        .render_derived(name="new_jobs")
+    )
+    run_at = func.coalesce(
+        rows.c.run_at, now + func.coalesce(rows.c.delay, literal(dt.timedelta()))
+    )
     source = select(
         rows.c.id,
         rows.c.queue,
@@ -238,8 +245,17 @@ def enqueue_jobs(
         now,
     )
     columns = [
-        "id", "queue", "kind", "payload", "status", "priority", "run_at",
-        "max_attempts", "deduplication_key", "created_at", "updated_at",
+        "id",
+        "queue",
+        "kind",
+        "payload",
+        "status",
+        "priority",
+        "run_at",
+        "max_attempts",
+        "deduplication_key",
+        "created_at",
+        "updated_at",
     ]
     stmt = _on_conflict_skip(insert(t).from_select(columns, source), t).returning(t.c.id)
     return stmt, [j.id for j in checked]
@@ -313,9 +329,19 @@ def claim_jobs(
 
 def _claim_columns(t: Any) -> list[Any]:
     return [
-        t.c.id, t.c.queue, t.c.kind, t.c.payload, t.c.priority, t.c.run_at, t.c.attempts,
-        t.c.max_attempts, t.c.lease_until, t.c.lease_token, t.c.worker_id,
-        t.c.deduplication_key, t.c.created_at,
+        t.c.id,
+        t.c.queue,
+        t.c.kind,
+        t.c.payload,
+        t.c.priority,
+        t.c.run_at,
+        t.c.attempts,
+        t.c.max_attempts,
+        t.c.lease_until,
+        t.c.lease_token,
+        t.c.worker_id,
+        t.c.deduplication_key,
+        t.c.created_at,
     ]
 
 
@@ -530,9 +556,7 @@ def fail_job(
     return (
         update(t)
         .where(*_running(t, job_id, token))
-        .values(
-            status=JobStatus.FAILED, last_error=_error_text(error), updated_at=now, **_RELEASED
-        )
+        .values(status=JobStatus.FAILED, last_error=_error_text(error), updated_at=now, **_RELEASED)
         .returning(t.c.id)
     )
 

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import Delete, Insert, Update, delete, func, select, update
+from sqlalchemy import Delete, Update, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.sql.dml import ReturningInsert
 
 from .._clock import Clock
-from .._ids import uuid7
 from .._exceptions import InvalidArgumentType
+from .._ids import uuid7
 from .._validation import count, duration, text
 from ._common import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -42,7 +42,7 @@ def append_event(
     clock: Clock | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-) -> Insert:
+) -> ReturningInsert[Any]:
     """``INSERT`` one outbox row; returns ``id, seq``.
 
     Run it in the transaction that changes the business data: the event exists exactly
@@ -74,8 +74,9 @@ def append_event(
             aggregate_id=text(str(aggregate_id), "aggregate_id"),
             event_type=kind,
             payload=jsonb(serialise(payload, what, dumps, max_payload_bytes)),
-            headers=jsonb(serialise(dict(headers or {}), f"headers of {what}", dumps,
-                                    max_payload_bytes)),
+            headers=jsonb(
+                serialise(dict(headers or {}), f"headers of {what}", dumps, max_payload_bytes)
+            ),
             created_at=now,
         )
         .returning(t.c.id, t.c.seq)
@@ -128,8 +129,17 @@ def claim_events(
             attempts=t.c.attempts + 1,
         )
         .returning(
-            t.c.id, t.c.seq, t.c.event_type, t.c.aggregate_type, t.c.aggregate_id, t.c.payload,
-            t.c.headers, t.c.attempts, t.c.relay_until, t.c.relay_token, t.c.created_at,
+            t.c.id,
+            t.c.seq,
+            t.c.event_type,
+            t.c.aggregate_type,
+            t.c.aggregate_id,
+            t.c.payload,
+            t.c.headers,
+            t.c.attempts,
+            t.c.relay_until,
+            t.c.relay_token,
+            t.c.created_at,
         )
     )
 
@@ -182,9 +192,7 @@ def mark_events_published(
     done = unnest_pairs(ids, tokens, "done")
     return (
         update(t)
-        .where(
-            t.c.id == done.c.id, t.c.relay_token == done.c.token, t.c.published_at.is_(None)
-        )
+        .where(t.c.id == done.c.id, t.c.relay_token == done.c.token, t.c.published_at.is_(None))
         .values(published_at=now, relay_until=None, relay_token=None)
         .returning(t.c.id, done.c.token)
     )
