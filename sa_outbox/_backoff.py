@@ -6,7 +6,7 @@ import dataclasses
 import datetime as dt
 import random
 
-from sqlalchemy import Float, Integer, bindparam, func, literal_column
+from sqlalchemy import Float, Integer, Interval, bindparam, func, literal_column, type_coerce
 from sqlalchemy.sql.elements import ColumnElement
 
 from ._validation import duration
@@ -59,7 +59,7 @@ class Backoff:
             bindparam("backoff_base", base, type_=Float) * func.power(2, exponent.cast(Integer)),
             bindparam("backoff_max", cap, type_=Float),
         ) + func.random() * bindparam("backoff_jitter", jitter, type_=Float)
-        return seconds * literal_column("interval '1 second'")
+        return type_coerce(seconds * literal_column("interval '1 second'"), Interval())
 
 
 def _as_delta(value: dt.timedelta | float) -> dt.timedelta:
