@@ -1,0 +1,53 @@
+"""sa-outbox for Alembic: operations for the library's tables, and an autogenerate hook.
+
+One line in ``env.py`` sets it up (it registers ``op.create_job_queue``,
+``op.drop_job_queue``, ``op.create_outbox``, ``op.drop_outbox``, their renderers and the
+autogenerate hook)::
+
+    import alembic_ext  # noqa: F401
+
+``alembic revision --autogenerate`` then writes, for models that use `JobMixin` and
+`OutboxMixin`::
+
+    def upgrade() -> None:
+        op.create_job_queue('jobs')
+        op.create_outbox('outbox')
+
+    def downgrade() -> None:
+        op.drop_outbox('outbox')
+        op.drop_job_queue('jobs')
+
+The functions of the same names take ``op`` first, for migrations checked by mypy
+(``alembic_ext.create_job_queue(op, "jobs")``). See ``docs/alembic.md``.
+
+Example:
+    >>> import alembic_ext
+    >>> alembic_ext.CreateJobQueueOp("jobs").reverse()
+    DropJobQueueOp('jobs', schema=None)
+"""
+
+from . import autogenerate as autogenerate
+from . import render as render
+from .operations import (
+    CreateJobQueueOp,
+    CreateOutboxOp,
+    DropJobQueueOp,
+    DropOutboxOp,
+    SupportsInvoke,
+    create_job_queue,
+    create_outbox,
+    drop_job_queue,
+    drop_outbox,
+)
+
+__all__ = [
+    "CreateJobQueueOp",
+    "CreateOutboxOp",
+    "DropJobQueueOp",
+    "DropOutboxOp",
+    "SupportsInvoke",
+    "create_job_queue",
+    "create_outbox",
+    "drop_job_queue",
+    "drop_outbox",
+]

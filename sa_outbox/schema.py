@@ -49,13 +49,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, MappedAsDataclass, declared_attr, mapped_column
-from sqlalchemy.orm.properties import MappedColumn
 
 from ._exceptions import InvalidArgumentType
 from ._validation import MAX_IDENTIFIER_LENGTH, identifier, optional_identifier
 
 __all__ = [
     "JOB_STATUS_TYPE_NAME",
+    "TABLE_KIND_INFO_KEY",
     "JobDataclassMixin",
     "JobMixin",
     "JobStatus",
@@ -69,6 +69,10 @@ __all__ = [
 
 #: Name of the PostgreSQL enum type of ``jobs.status`` (created in the table's schema).
 JOB_STATUS_TYPE_NAME = "job_status"
+
+#: Key of ``Table.info`` where the mixins record what a table is: ``"job"`` or ``"outbox"``
+#: (``alembic_ext`` reads it to render its own operations for these tables).
+TABLE_KIND_INFO_KEY = "sa_outbox"
 
 
 class JobStatus(enum.StrEnum):
@@ -184,17 +188,25 @@ def _column(specs: dict[str, _Spec], name: str, *, dataclass: bool = False) -> A
 
 
 _NULLABLE = frozenset(
-    {"lease_until", "lease_token", "worker_id", "deduplication_key", "last_error",
-     "relay_until", "relay_token", "published_at"}
+    {
+        "lease_until",
+        "lease_token",
+        "worker_id",
+        "deduplication_key",
+        "last_error",
+        "relay_until",
+        "relay_token",
+        "published_at",
+    }
 )
 
 
-def _table_name(cls: type) -> str:
+def _table_name(cls: Any) -> str:
     name = cls.__dict__.get("__tablename__") or getattr(cls, "__tablename__", None)
     return identifier(name, f"__tablename__ of {cls.__name__}")
 
 
-def _schema_args(cls: type) -> dict[str, Any]:
+def _schema_args(cls: Any) -> dict[str, Any]:
     schema = optional_identifier(getattr(cls, "__table_schema__", None), "__table_schema__")
     return {} if schema is None else {"schema": schema}
 
@@ -305,7 +317,8 @@ class JobMixin:
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:
-        return (*job_table_args(_table_name(cls)), _schema_args(cls))
+        info = {"info": {TABLE_KIND_INFO_KEY: "job"}}
+        return (*job_table_args(_table_name(cls)), {**_schema_args(cls), **info})
 
 
 class OutboxMixin:
@@ -339,7 +352,8 @@ class OutboxMixin:
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:
-        return (*outbox_table_args(_table_name(cls)), _schema_args(cls))
+        info = {"info": {TABLE_KIND_INFO_KEY: "outbox"}}
+        return (*outbox_table_args(_table_name(cls)), {**_schema_args(cls), **info})
 
 
 def _dataclass_variant(mixin: type[_C], specs: dict[str, _Spec], doc: str) -> type[_C]:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy
 from sqlalchemy import Engine, MetaData, func, select, text
 from sqlalchemy.engine.default import CacheStats
 from sqlalchemy.orm import (
@@ -31,6 +32,8 @@ from sa_outbox import (
 from sa_outbox import statements as st
 
 from .conftest import TEST_SCHEMA, Job
+
+SQLALCHEMY_2_1 = tuple(int(p) for p in sqlalchemy.__version__.split(".")[:2]) >= (2, 1)
 
 
 @pytest.fixture
@@ -157,22 +160,27 @@ def test_a_claim_can_be_extended_and_run_in_the_users_transaction(engine: Engine
 
 
 def test_statements_of_one_shape_compile_once(engine: Engine) -> None:
-    """Different values, same statement shape: SQLAlchemy's compiled cache is hit."""
+    """Different values, same statement shape: SQLAlchemy's compiled cache is hit.
+
+    SQLAlchemy 2.0's PostgreSQL ``INSERT … ON CONFLICT`` construct opts out of the cache
+    (``inherit_cache = False``; 2.1 caches it), so on 2.0 only the enqueue recompiles.
+    """
     clock = FakeClock()
-    hits = []
+    hits: dict[str, list[CacheStats]] = {"enqueue": [], "claim": [], "complete": []}
     with engine.begin() as conn:
         for i in range(3):
             clock.advance(1)
-            result = conn.execute(
-                st.enqueue_job(Job, f"k{i}", {"i": i}, deduplication_key=f"d{i}", clock=clock)
-            )
-            hits.append(result.context.cache_hit)
+            stmt = st.enqueue_job(Job, f"k{i}", {"i": i}, deduplication_key=f"d{i}", clock=clock)
+            hits["enqueue"].append(conn.execute(stmt).context.cache_hit)
             result = conn.execute(st.claim_jobs(Job, worker_id=f"w{i}", batch=i + 1, clock=clock))
-            hits.append(result.context.cache_hit)
+            hits["claim"].append(result.context.cache_hit)
             pairs = [(row.id, row.lease_token) for row in result]
-            hits.append(conn.execute(st.complete_jobs(Job, pairs, clock=clock)).context.cache_hit)
-    # After the first round (which may compile), every statement came from the cache.
-    assert hits[3:] == [CacheStats.CACHE_HIT] * 6
+            done = conn.execute(st.complete_jobs(Job, pairs, clock=clock))
+            hits["complete"].append(done.context.cache_hit)
+    # After the first round (which may compile), statements come from the cache.
+    assert hits["claim"][1:] == hits["complete"][1:] == [CacheStats.CACHE_HIT] * 2
+    expected = CacheStats.CACHE_HIT if SQLALCHEMY_2_1 else CacheStats.NO_CACHE_KEY
+    assert hits["enqueue"][1:] == [expected] * 2
 
 
 def test_backoff_in_sql_matches_backoff_in_python(engine: Engine) -> None:

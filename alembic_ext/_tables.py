@@ -1,0 +1,94 @@
+"""The library's tables as migrations see them: built from the mixins, recognised by shape.
+
+Nothing here re-declares a column: `build_table` maps a throwaway class on `JobMixin` /
+`OutboxMixin` in a private registry (and MetaData), so operations create exactly what the
+user's models declare.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any, Literal, TypeGuard
+
+from sqlalchemy import Enum, Table
+from sqlalchemy.orm import registry
+from sqlalchemy.types import TypeEngine
+
+from sa_outbox._validation import identifier, optional_identifier
+from sa_outbox.schema import (
+    JOB_STATUS_TYPE_NAME,
+    TABLE_KIND_INFO_KEY,
+    JobMixin,
+    OutboxMixin,
+    resolve_table,
+)
+
+TableKind = Literal["job", "outbox"]
+KINDS: tuple[TableKind, ...] = ("job", "outbox")
+_MIXINS: dict[TableKind, type] = {"job": JobMixin, "outbox": OutboxMixin}
+_WHAT: dict[TableKind, str] = {"job": "job table name", "outbox": "outbox table name"}
+
+
+def build_table(kind: TableKind, table_name: str, schema: str | None = None) -> Table:
+    """The table `JobMixin` / `OutboxMixin` declares, on a MetaData of its own.
+
+    Its ``job_status`` column type has ``create_type=False`` (SQLAlchemy 2.1 would otherwise
+    emit ``CREATE TYPE`` from the table's ``before_create`` event). The operations create the
+    type with a statement of their own and run ``CREATE TABLE`` directly, without table
+    events, so no second ``CREATE TYPE`` is emitted on SQLAlchemy 2.0 or 2.1.
+    """
+    name = identifier(table_name, _WHAT[kind])
+    schema = optional_identifier(schema, "schema")
+    namespace = {"__tablename__": name, "__table_schema__": schema, "__module__": __name__}
+    model = type(f"_{kind.capitalize()}Table", (_MIXINS[kind],), namespace)
+    throwaway = registry()
+    try:
+        throwaway.map_declaratively(model)
+        table = resolve_table(model)
+    finally:
+        throwaway.dispose()
+    for column in table.columns:
+        if is_job_status_type(column.type):
+            column.type.create_type = False
+    return table
+
+
+def is_job_status_type(type_: TypeEngine[Any]) -> TypeGuard[Enum]:
+    """Whether ``type_`` is the ``job_status`` enum (declared or reflected)."""
+    return isinstance(type_, Enum) and type_.name == JOB_STATUS_TYPE_NAME
+
+
+@functools.cache
+def column_names(kind: TableKind) -> frozenset[str]:
+    """The names of the columns the mixin of ``kind`` declares."""
+    return frozenset(build_table(kind, "sa_outbox").columns.keys())
+
+
+def index_names(kind: TableKind, table_name: str) -> frozenset[str]:
+    """The names of the indexes the library gives a ``kind`` table named ``table_name``."""
+    return frozenset(str(index.name) for index in build_table(kind, table_name).indexes)
+
+
+def table_kind(table: Table) -> TableKind | None:
+    """``"job"`` or ``"outbox"`` for a table declared with the mixins, else ``None``.
+
+    The mixins mark their tables in ``Table.info``; a table without the mark (its
+    ``__table_args__`` replaced, or reflected from the database) is recognised by its columns.
+    """
+    marked = table.info.get(TABLE_KIND_INFO_KEY)
+    if marked in KINDS:
+        return marked  # type: ignore[no-any-return]
+    return kind_from_columns((column.name, column.type) for column in table.columns)
+
+
+def kind_from_columns(columns: Iterable[tuple[str, TypeEngine[Any]]]) -> TableKind | None:
+    """The kind of table that has exactly these ``(name, type)`` columns, if any."""
+    types = dict(columns)
+    for kind in KINDS:
+        if set(types) != column_names(kind):
+            continue
+        if kind == "job" and not is_job_status_type(types["status"]):
+            continue
+        return kind
+    return None

@@ -1,0 +1,310 @@
+"""Alembic operations that create and drop the library's tables.
+
+``op.create_job_queue`` creates the ``job_status`` enum type (in the table's schema), the job
+table and its indexes; ``op.drop_job_queue`` drops the table (its indexes go with it) and
+then the type. ``op.create_outbox`` / ``op.drop_outbox`` do the same for an outbox table.
+Each operation reverses into the other, so autogenerate writes both directions.
+
+The type is created with a statement of our own, which tolerates a type already made by
+another job table in the same schema (with the same labels); dropping keeps the type while
+another table still uses it. Identifiers are checked when an operation is built, before any
+SQL. The functions of the same names take ``op`` as their first argument, for migrations
+that a type checker reads (``alembic/op.pyi`` knows nothing of custom operations).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+from alembic.operations import MigrateOperation, Operations
+from sqlalchemy import Enum, Table, literal
+from sqlalchemy.engine import Dialect
+from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
+
+from ._tables import TableKind, build_table, is_job_status_type
+
+__all__ = [
+    "CreateJobQueueOp",
+    "CreateOutboxOp",
+    "DropJobQueueOp",
+    "DropOutboxOp",
+    "SupportsInvoke",
+    "create_job_queue",
+    "create_outbox",
+    "drop_job_queue",
+    "drop_outbox",
+]
+
+
+class SupportsInvoke(Protocol):
+    """What the plain functions need of ``op``: the ``alembic.op`` module or an `Operations`.
+
+    Example:
+        >>> from alembic import op
+        >>> callable(op.invoke)
+        True
+    """
+
+    def invoke(self, operation: MigrateOperation) -> Any: ...
+
+
+class _TableOperation(MigrateOperation):
+    """One of the library's tables, by name and schema."""
+
+    kind: ClassVar[TableKind]
+
+    def __init__(self, table_name: str, *, schema: str | None = None) -> None:
+        # Building the table checks the names (the index names derived from the table's
+        # included) here, before any SQL.
+        self._table = build_table(self.kind, table_name, schema)
+        self.table_name: str = table_name
+        self.schema: str | None = schema
+
+    def to_table(self) -> Table:
+        """The table this operation creates or drops, as the mixin declares it."""
+        return self._table
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.table_name!r}, schema={self.schema!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _TableOperation) or type(other) is not type(self):
+            return NotImplemented
+        return (other.table_name, other.schema) == (self.table_name, self.schema)
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.table_name, self.schema))
+
+
+class _CreateOperation(_TableOperation):
+    def to_diff_tuple(self) -> tuple[str, Table]:
+        return ("add_table", self.to_table())
+
+
+class _DropOperation(_TableOperation):
+    def to_diff_tuple(self) -> tuple[str, Table]:
+        return ("remove_table", self.to_table())
+
+
+@Operations.register_operation("create_job_queue")
+class CreateJobQueueOp(_CreateOperation):
+    """Create a job table: the ``job_status`` enum type, the table, its indexes.
+
+    Example:
+        >>> CreateJobQueueOp("jobs", schema="work").reverse()
+        DropJobQueueOp('jobs', schema='work')
+    """
+
+    kind = "job"
+
+    @classmethod
+    def create_job_queue(
+        cls, operations: Operations, table_name: str, *, schema: str | None = None
+    ) -> None:
+        """Create the job table ``table_name`` with its indexes and ``job_status`` type.
+
+        Example, in a migration::
+
+            op.create_job_queue("jobs", schema="work")
+        """
+        operations.invoke(cls(table_name, schema=schema))
+
+    def reverse(self) -> DropJobQueueOp:
+        return DropJobQueueOp(self.table_name, schema=self.schema)
+
+
+@Operations.register_operation("drop_job_queue")
+class DropJobQueueOp(_DropOperation):
+    """Drop a job table (its indexes with it), then its ``job_status`` type if unused.
+
+    Example:
+        >>> DropJobQueueOp("jobs").reverse()
+        CreateJobQueueOp('jobs', schema=None)
+    """
+
+    kind = "job"
+
+    @classmethod
+    def drop_job_queue(
+        cls, operations: Operations, table_name: str, *, schema: str | None = None
+    ) -> None:
+        """Drop the job table ``table_name`` and, once no table uses it, ``job_status``.
+
+        Example, in a migration::
+
+            op.drop_job_queue("jobs", schema="work")
+        """
+        operations.invoke(cls(table_name, schema=schema))
+
+    def reverse(self) -> CreateJobQueueOp:
+        return CreateJobQueueOp(self.table_name, schema=self.schema)
+
+
+@Operations.register_operation("create_outbox")
+class CreateOutboxOp(_CreateOperation):
+    """Create an outbox table and its indexes.
+
+    Example:
+        >>> CreateOutboxOp("outbox").reverse()
+        DropOutboxOp('outbox', schema=None)
+    """
+
+    kind = "outbox"
+
+    @classmethod
+    def create_outbox(
+        cls, operations: Operations, table_name: str, *, schema: str | None = None
+    ) -> None:
+        """Create the outbox table ``table_name`` with its indexes.
+
+        Example, in a migration::
+
+            op.create_outbox("outbox", schema="work")
+        """
+        operations.invoke(cls(table_name, schema=schema))
+
+    def reverse(self) -> DropOutboxOp:
+        return DropOutboxOp(self.table_name, schema=self.schema)
+
+
+@Operations.register_operation("drop_outbox")
+class DropOutboxOp(_DropOperation):
+    """Drop an outbox table (its indexes with it).
+
+    Example:
+        >>> DropOutboxOp("outbox", schema="work").reverse()
+        CreateOutboxOp('outbox', schema='work')
+    """
+
+    kind = "outbox"
+
+    @classmethod
+    def drop_outbox(
+        cls, operations: Operations, table_name: str, *, schema: str | None = None
+    ) -> None:
+        """Drop the outbox table ``table_name``.
+
+        Example, in a migration::
+
+            op.drop_outbox("outbox", schema="work")
+        """
+        operations.invoke(cls(table_name, schema=schema))
+
+    def reverse(self) -> CreateOutboxOp:
+        return CreateOutboxOp(self.table_name, schema=self.schema)
+
+
+@Operations.implementation_for(CreateJobQueueOp)
+@Operations.implementation_for(CreateOutboxOp)
+def _create(operations: Operations, operation: _CreateOperation) -> None:
+    table = operation.to_table()
+    dialect = operations.get_context().dialect
+    for enum in _enum_types(table):
+        operations.execute(_create_type_sql(enum, dialect))
+    # CREATE TABLE without table events: the enum type is already there (see build_table).
+    operations.execute(CreateTable(table))
+    for index in sorted(table.indexes, key=lambda index: str(index.name)):
+        operations.execute(CreateIndex(index))
+
+
+@Operations.implementation_for(DropJobQueueOp)
+@Operations.implementation_for(DropOutboxOp)
+def _drop(operations: Operations, operation: _DropOperation) -> None:
+    table = operation.to_table()
+    dialect = operations.get_context().dialect
+    operations.execute(DropTable(table))
+    for enum in _enum_types(table):
+        operations.execute(_drop_type_sql(enum, dialect))
+
+
+def _enum_types(table: Table) -> list[Enum]:
+    return [column.type for column in table.columns if is_job_status_type(column.type)]
+
+
+def _type_name(enum: Enum, dialect: Dialect) -> str:
+    preparer = dialect.identifier_preparer
+    name = preparer.quote(str(enum.name))
+    return name if enum.schema is None else f"{preparer.quote_schema(enum.schema)}.{name}"
+
+
+def _create_type_sql(enum: Enum, dialect: Dialect) -> str:
+    # One job_status type per schema serves every job table in it: an existing type is
+    # accepted when its labels are ours, refused otherwise. No ':' or '%' in this text.
+    name = _type_name(enum, dialect)
+    labels = ", ".join(
+        str(literal(label).compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+        for label in enum.enums
+    )
+    return (
+        "DO $sa_outbox$\n"
+        "BEGIN\n"
+        f"    CREATE TYPE {name} AS ENUM ({labels});\n"
+        "EXCEPTION WHEN duplicate_object THEN\n"
+        f"    IF CAST(enum_range(CAST(NULL AS {name})) AS text[])"
+        f" IS DISTINCT FROM ARRAY[{labels}] THEN\n"
+        f"        RAISE EXCEPTION 'type {name} exists with labels other than"
+        f" {', '.join(enum.enums)}';\n"
+        "    END IF;\n"
+        "END\n"
+        "$sa_outbox$"
+    )
+
+
+def _drop_type_sql(enum: Enum, dialect: Dialect) -> str:
+    # Another job table of the same schema may still use the type: then it stays.
+    return (
+        "DO $sa_outbox$\n"
+        "BEGIN\n"
+        f"    DROP TYPE {_type_name(enum, dialect)};\n"
+        "EXCEPTION WHEN dependent_objects_still_exist THEN\n"
+        "    NULL;\n"
+        "END\n"
+        "$sa_outbox$"
+    )
+
+
+def create_job_queue(op: SupportsInvoke, table_name: str, *, schema: str | None = None) -> None:
+    """``op.create_job_queue(...)`` in a form type checkers know.
+
+    Example, in a migration::
+
+        from alembic import op
+        import alembic_ext
+
+        def upgrade() -> None:
+            alembic_ext.create_job_queue(op, "jobs", schema="work")
+    """
+    op.invoke(CreateJobQueueOp(table_name, schema=schema))
+
+
+def drop_job_queue(op: SupportsInvoke, table_name: str, *, schema: str | None = None) -> None:
+    """``op.drop_job_queue(...)`` in a form type checkers know.
+
+    Example, in a migration::
+
+        def downgrade() -> None:
+            alembic_ext.drop_job_queue(op, "jobs", schema="work")
+    """
+    op.invoke(DropJobQueueOp(table_name, schema=schema))
+
+
+def create_outbox(op: SupportsInvoke, table_name: str, *, schema: str | None = None) -> None:
+    """``op.create_outbox(...)`` in a form type checkers know.
+
+    Example, in a migration::
+
+        def upgrade() -> None:
+            alembic_ext.create_outbox(op, "outbox", schema="work")
+    """
+    op.invoke(CreateOutboxOp(table_name, schema=schema))
+
+
+def drop_outbox(op: SupportsInvoke, table_name: str, *, schema: str | None = None) -> None:
+    """``op.drop_outbox(...)`` in a form type checkers know.
+
+    Example, in a migration::
+
+        def downgrade() -> None:
+            alembic_ext.drop_outbox(op, "outbox", schema="work")
+    """
+    op.invoke(DropOutboxOp(table_name, schema=schema))
