@@ -22,16 +22,17 @@ def embedded_database_url(data_dir: str | Path | None = None) -> str:
         url.startswith("postgresql+psycopg://")
         # -> True
     """
-    try:
-        pgserver = importlib.import_module("pgserver")
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise SaOutboxError(
-            "no database URL was given and the embedded PostgreSQL is not installed: "
-            'pass a URL, or install it with pip install "sa-outbox[embedded]"'
-        ) from exc
     folder = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sa-outbox-pg-"))
     with warnings.catch_warnings():
-        # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, containers); harmless here.
+        # platformdirs (imported by pgserver) warns when XDG_RUNTIME_DIR is unset, as in CI
+        # and containers; harmless here.
         warnings.simplefilter("ignore")
+        try:
+            pgserver = importlib.import_module("pgserver")
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise SaOutboxError(
+                "no database URL was given and the embedded PostgreSQL is not installed: "
+                'pass a URL, or install it with pip install "sa-outbox[embedded]"'
+            ) from exc
         pgserver.get_server(str(folder), cleanup_mode="stop")
     return f"postgresql+psycopg://postgres@/postgres?host={folder}"

@@ -1,0 +1,63 @@
+"""Sessions: ``nox -s tests`` (the test command), ``nox -s lint``, ``nox -s typecheck``.
+
+The tests run against ``$SA_OUTBOX_TEST_DATABASE_URL`` when it is set, else against an
+embedded PostgreSQL (pgserver, installed by the ``test`` extra). Each session has its own
+Python 3.11 virtualenv; ``nox -r`` reuses them between runs.
+
+Example:
+    nox -s tests                          # SQLAlchemy 2.0 and 2.1
+    nox -s "tests(sqlalchemy='2.1')"      # one of them
+    nox -s tests -- -k demo -x            # arguments after -- go to pytest
+    nox -s lint typecheck
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.error_on_missing_interpreters = True
+
+PYTHON = "3.11"
+ROOT = Path(__file__).parent
+#: What ruff checks; a folder a clone lacks (git keeps no empty folder) is left out.
+LINT_PATHS = [
+    path
+    for path in ("sa_outbox", "alembic_ext", "tests", "noxfile.py", "examples")
+    if (ROOT / path).exists()
+]
+#: The environment the tests read; passed through explicitly so the sessions stay hermetic.
+PASSTHROUGH_ENV = ("SA_OUTBOX_TEST_DATABASE_URL",)
+
+
+def _passthrough_env() -> dict[str, str]:
+    return {name: os.environ[name] for name in PASSTHROUGH_ENV if os.environ.get(name)}
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("sqlalchemy", ["2.0", "2.1"])
+def tests(session: nox.Session, sqlalchemy: str) -> None:
+    """Run pytest (tests/ and the doctests of sa_outbox) on one SQLAlchemy minor version."""
+    session.install(".[test]")
+    session.install(f"sqlalchemy[asyncio]~={sqlalchemy}.0")
+    session.run("python", "-c", "import sqlalchemy; print('SQLAlchemy', sqlalchemy.__version__)")
+    # pyproject.toml's [tool.pytest.ini_options] collects tests/ and sa_outbox's doctests.
+    session.run("pytest", *session.posargs, env=_passthrough_env())
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", *LINT_PATHS)
+    session.run("ruff", "format", "--check", *LINT_PATHS)
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on sa_outbox and alembic_ext (configured in pyproject.toml)."""
+    session.install(".[test,typecheck]")
+    session.run("mypy", "--strict", "-p", "sa_outbox", "-p", "alembic_ext")
