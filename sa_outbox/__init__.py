@@ -17,6 +17,7 @@ Example:
 
 from ._backoff import Backoff
 from ._clock import Clock, DatabaseClock, FakeClock
+from ._event_classes import UnknownEventType, decode_event, event_types
 from ._exceptions import (
     InvalidArgument,
     InvalidArgumentType,
@@ -35,6 +36,7 @@ from ._results import (
     ReclaimedJob,
     RetryResult,
 )
+from ._session_hooks import enqueue, install
 from .schema import (
     JobDataclassMixin,
     JobMixin,
@@ -73,5 +75,10 @@ __all__ = [
     "ReclaimedJob",
     "RetryResult",
     "SaOutboxError",
+    "UnknownEventType",
     "__version__",
+    "decode_event",
+    "enqueue",
+    "event_types",
+    "install",
 ]

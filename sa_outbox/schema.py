@@ -335,6 +335,20 @@ class OutboxMixin:
     """
 
     __table_schema__: ClassVar[str | None] = None
+    #: Domain event subclasses declare plain (unmapped) annotations as their fields.
+    __allow_unmapped__: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A subclass without a table of its own is a domain event: give it its fields and
+        # constructor before SQLAlchemy maps it. Imported here: events build on statements,
+        # which build on this module.
+        if "__tablename__" not in cls.__dict__ and any(
+            "__table__" in base.__dict__ for base in cls.__mro__[1:]
+        ):
+            from ._event_classes import prepare_event_class
+
+            prepare_event_class(cls)
+        super().__init_subclass__(**kwargs)
 
     id: Mapped[uuid.UUID] = _column(_OUTBOX_COLUMNS, "id")
     seq: Mapped[int] = _column(_OUTBOX_COLUMNS, "seq")
@@ -361,7 +375,7 @@ def _dataclass_variant(mixin: type[_C], specs: dict[str, _Spec], doc: str) -> ty
     # bases refuse dataclass arguments: the same columns, re-declared with dataclass kwargs.
     # Required fields (no default) must come first in a dataclass.
     names = sorted(
-        mixin.__annotations__.keys() - {"__table_schema__"},
+        mixin.__annotations__.keys() - {"__table_schema__", "__allow_unmapped__"},
         key=lambda n: bool(specs[n][2]),
     )
     namespace: dict[str, Any] = {

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from sa_outbox._embedded import embedded_database_url
 from sa_outbox.schema import JobMixin, OutboxMixin
@@ -34,6 +34,16 @@ class Job(JobMixin, Base):
 class OutboxEvent(OutboxMixin, Base):
     __tablename__ = "outbox"
     __table_schema__ = TEST_SCHEMA
+
+
+class Order(Base):
+    """An aggregate of the user's own, for the unit-of-work tests."""
+
+    __tablename__ = "orders"
+    __table_args__ = {"schema": TEST_SCHEMA}  # noqa: RUF012 - SQLAlchemy's own convention
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    customer: Mapped[str] = mapped_column(unique=True)
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +71,9 @@ def _clean_tables(request: pytest.FixtureRequest) -> None:
         return
     eng: Engine = request.getfixturevalue("engine")
     with eng.begin() as conn:
-        conn.execute(text(f"TRUNCATE {TEST_SCHEMA}.jobs, {TEST_SCHEMA}.outbox"))
+        conn.execute(
+            text(f"TRUNCATE {TEST_SCHEMA}.jobs, {TEST_SCHEMA}.outbox, {TEST_SCHEMA}.orders")
+        )
 
 
 @pytest.fixture

@@ -112,3 +112,17 @@ def test_prune_removes_only_old_published_events(
         assert outbox.prune(conn, older_than=dt.timedelta(days=1)) == 1
     rows = event_rows(engine)
     assert len(rows) == 2 and all(r.published_at is None for r in rows)  # unpublished stay
+
+
+def test_append_events_inserts_many_in_input_order(engine: Engine, clock: FakeClock) -> None:
+    from sa_outbox.statements import NewEvent, append_events
+
+    events = [NewEvent(f"E{i}", "order", i % 3, {"i": i}, {"h": i}) for i in range(50)]
+    stmt, ids = append_events(OutboxEvent, events, clock=clock)
+    with engine.begin() as conn:
+        assert {row.id for row in conn.execute(stmt)} == set(ids)
+    rows = event_rows(engine)
+    assert [r.id for r in rows] == ids  # seq follows input order
+    assert [r.event_type for r in rows] == [f"E{i}" for i in range(50)]
+    assert rows[7].payload == {"i": 7} and rows[7].headers == {"h": 7}
+    assert rows[7].aggregate_id == "1" and rows[7].created_at == clock.now()

@@ -38,7 +38,9 @@ from ._jobs import (
 )
 from ._outbox import (
     DEFAULT_RELAY_LEASE,
+    NewEvent,
     append_event,
+    append_events,
     claim_events,
     mark_event_published,
     mark_events_published,
@@ -52,8 +54,10 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_QUEUE",
     "DEFAULT_RELAY_LEASE",
+    "NewEvent",
     "NewJob",
     "append_event",
+    "append_events",
     "claim_events",
     "claim_jobs",
     "compact_json",
