@@ -11,14 +11,72 @@ from sqlalchemy import Table
 
 from . import statements as st
 from ._clock import Clock
-from ._executors import SyncConn, _adrive, _drive, _event_options, _OutboxOps
+from ._exceptions import LeaseLost
+from ._executors import Op, SyncConn, _adrive, _batch, _drive, _payload_options
 from ._results import BatchResult, ClaimedEvent
+from .schema import resolve_table
 from .statements._common import Dumps
 
 if TYPE_CHECKING:
     from ._executors import AsyncConn
 
 Pairs = Sequence[tuple[uuid.UUID, uuid.UUID]]
+
+
+class _OutboxOps:
+    """The outbox operations, each written once as a generator over statements."""
+
+    def __init__(
+        self, model: object, *, clock: Clock | None, dumps: Dumps | None, max_payload_bytes: int
+    ) -> None:
+        self.table = resolve_table(model)
+        self.clock = clock
+        self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
+
+    def append(self, options: dict[str, Any]) -> Op[uuid.UUID]:
+        stmt = st.append_event(
+            self.table,
+            clock=self.clock,
+            dumps=self.dumps,
+            max_payload_bytes=self.max_payload_bytes,
+            **options,
+        )
+        return (yield stmt).one()[0]  # type: ignore[no-any-return]
+
+    def claim(self, batch: int, lease: dt.timedelta | float) -> Op[list[ClaimedEvent]]:
+        stmt = st.claim_events(self.table, batch=batch, lease=lease, clock=self.clock)
+        events = [ClaimedEvent(**row._asdict()) for row in (yield stmt)]
+        events.sort(key=lambda e: e.seq)
+        return events
+
+    def mark_published(self, event_id: uuid.UUID, token: uuid.UUID) -> Op[None]:
+        stmt = st.mark_event_published(self.table, event_id, token, clock=self.clock)
+        if (yield stmt).first() is None:
+            raise LeaseLost("outbox event", event_id, token, action="mark published")
+
+    def mark_published_many(self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> Op[BatchResult]:
+        stmt = st.mark_events_published(self.table, pairs, clock=self.clock)
+        return _batch(pairs, (yield stmt))
+
+    def prune(self, older_than: dt.timedelta | float, batch: int) -> Op[int]:
+        stmt = st.prune_events(self.table, older_than=older_than, batch=batch, clock=self.clock)
+        return (yield stmt).rowcount  # type: ignore[no-any-return]
+
+
+def _event_options(
+    event_type: str,
+    aggregate_type: str,
+    aggregate_id: object,
+    payload: Any,
+    headers: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "event_type": event_type,
+        "aggregate_type": aggregate_type,
+        "aggregate_id": aggregate_id,
+        "payload": payload,
+        "headers": headers,
+    }
 
 
 class _Base:
