@@ -17,6 +17,7 @@ Example:
 
 from ._backoff import Backoff
 from ._clock import Clock, DatabaseClock, FakeClock
+from ._embedded import embedded_database_url
 from ._event_classes import UnknownEventType, decode_event, event_types
 from ._exceptions import (
     InvalidArgument,
@@ -78,6 +79,7 @@ __all__ = [
     "UnknownEventType",
     "__version__",
     "decode_event",
+    "embedded_database_url",
     "enqueue",
     "event_types",
     "install",

@@ -211,6 +211,11 @@ def _schema_args(cls: Any) -> dict[str, Any]:
     return {} if schema is None else {"schema": schema}
 
 
+def _inherits_a_table(cls: Any) -> bool:
+    """Whether a base of ``cls`` is already mapped to a table (``cls`` adds none of its own)."""
+    return any("__table__" in base.__dict__ for base in cls.__mro__[1:])
+
+
 def _index_name(table: str, suffix: str) -> str:
     name = f"{table}_{suffix}"
     if len(name) > MAX_IDENTIFIER_LENGTH:
@@ -365,7 +370,9 @@ class OutboxMixin:
     created_at: Mapped[dt.datetime] = _column(_OUTBOX_COLUMNS, "created_at")
 
     @declared_attr.directive
-    def __table_args__(cls) -> tuple[Any, ...]:
+    def __table_args__(cls) -> tuple[Any, ...] | None:
+        if _inherits_a_table(cls):
+            return None  # a domain event: it lives in its outbox model's table
         info = {"info": {TABLE_KIND_INFO_KEY: "outbox"}}
         return (*outbox_table_args(_table_name(cls)), {**_schema_args(cls), **info})
 
