@@ -98,10 +98,6 @@ def _table_owner(cls: type) -> type | None:
     return None
 
 
-def _is_event_class(cls: type) -> bool:
-    return "__tablename__" not in cls.__dict__ and _table_owner(cls) is not None
-
-
 def prepare_event_class(cls: type) -> None:
     """Turn a subclass of an outbox model into a domain event class (no-op for others).
 
@@ -146,7 +142,7 @@ def prepare_event_class(cls: type) -> None:
             elif name in defaults and klass is cls:
                 del defaults[name]
     event_type = checked_text(cls.__dict__.get("__event_type__", cls.__name__), "__event_type__")
-    aggregate = cls.__dict__.get("__aggregate__", getattr(cls, "__aggregate__", None))
+    aggregate = getattr(cls, "__aggregate__", None)
     if aggregate is not None and aggregate not in fields:
         raise InvalidArgument(
             f"__aggregate__ of domain event {cls.__name__} names {aggregate!r}, which is not "
@@ -278,7 +274,7 @@ def is_domain_event(obj: object) -> bool:
 
 
 def spec_of(obj: object) -> EventSpec:
-    return getattr(type(obj), _SPEC)  # type: ignore[no-any-return]
+    return spec_of_class(type(obj))
 
 
 def field_values(event: object) -> list[Any]:
