@@ -1,9 +1,12 @@
 """Alembic operations that create and drop the library's tables.
 
 ``op.create_job_queue`` creates the ``job_status`` enum type (in the table's schema), the job
-table and its indexes; ``op.drop_job_queue`` drops the table (its indexes go with it) and
-then the type. ``op.create_outbox`` / ``op.drop_outbox`` do the same for an outbox table.
-Each operation reverses into the other, so autogenerate writes both directions.
+table, its indexes and its NOTIFY trigger with the trigger's function (which wakes workers
+up); ``op.drop_job_queue`` drops the table (its indexes and trigger go with it), the
+trigger's function, and then the type. ``op.create_outbox`` / ``op.drop_outbox`` do the same
+for an outbox table, whose two triggers (ordering and relay wake-up, see
+``sa_outbox._outbox_triggers``) are created and dropped the same way. Each operation
+reverses into the other, so autogenerate writes both directions.
 
 The type is created with a statement of our own, which tolerates a type already made by
 another job table in the same schema (with the same labels); dropping keeps the type while
@@ -20,6 +23,9 @@ from alembic.operations import MigrateOperation, Operations
 from sqlalchemy import Enum, Table, literal
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
+
+from sa_outbox._notify_trigger import create_notify_trigger_sql, drop_notify_trigger_sql
+from sa_outbox._outbox_triggers import create_outbox_triggers_sql, drop_outbox_triggers_sql
 
 from ._tables import TableKind, build_table, is_job_status_type
 
@@ -88,7 +94,7 @@ class _DropOperation(_TableOperation):
 
 @Operations.register_operation("create_job_queue")
 class CreateJobQueueOp(_CreateOperation):
-    """Create a job table: the ``job_status`` enum type, the table, its indexes.
+    """Create a job table: the ``job_status`` enum type, the table, its indexes, its trigger.
 
     Example:
         >>> CreateJobQueueOp("jobs", schema="work").reverse()
@@ -115,7 +121,8 @@ class CreateJobQueueOp(_CreateOperation):
 
 @Operations.register_operation("drop_job_queue")
 class DropJobQueueOp(_DropOperation):
-    """Drop a job table (its indexes with it), then its ``job_status`` type if unused.
+    """Drop a job table (its indexes and trigger with it), the trigger's function, then its
+    ``job_status`` type if unused.
 
     Example:
         >>> DropJobQueueOp("jobs").reverse()
@@ -205,6 +212,12 @@ def _create(operations: Operations, operation: _CreateOperation) -> None:
     operations.execute(CreateTable(table))
     for index in sorted(table.indexes, key=lambda index: str(index.name)):
         operations.execute(CreateIndex(index))
+    if operation.kind == "job":
+        for sql in create_notify_trigger_sql(table):
+            operations.execute(sql)
+    if operation.kind == "outbox":  # the ordering and wake-up triggers, with their functions
+        for sql in create_outbox_triggers_sql(table):
+            operations.execute(sql)
 
 
 @Operations.implementation_for(DropJobQueueOp)
@@ -212,7 +225,13 @@ def _create(operations: Operations, operation: _CreateOperation) -> None:
 def _drop(operations: Operations, operation: _DropOperation) -> None:
     table = operation.to_table()
     dialect = operations.get_context().dialect
-    operations.execute(DropTable(table))
+    operations.execute(DropTable(table))  # its NOTIFY trigger goes with it
+    if operation.kind == "job":
+        for sql in drop_notify_trigger_sql(table):
+            operations.execute(sql)
+    if operation.kind == "outbox":
+        for sql in drop_outbox_triggers_sql(table):
+            operations.execute(sql)
     for enum in _enum_types(table):
         operations.execute(_drop_type_sql(enum, dialect))
 

@@ -6,7 +6,17 @@ SaOutboxError
 │   └── PayloadTooLarge                          — a serialised payload over the limit
 ├── InvalidArgumentType      (also a TypeError)   — an argument of the wrong type
 │   └── PayloadNotSerializable                   — a payload JSON cannot encode
-└── LeaseLost                                    — a fenced write matched no row
+├── LeaseLost                                    — a fenced write matched no row
+│   (the worker runtime's, in sa_outbox.worker.errors:)
+├── PermanentError                               — a handler's "do not retry": failed now
+│   ├── UnknownJobKind                           — no handler for a claimed job's kind
+│   └── InvalidPayload                           — the kind's ``parse`` refused the payload
+├── JobTimeout                                   — a job ran past its kind's timeout
+├── JobCancelled                                 — a cancelled job's token was checked
+│   (the outbox relay's, in sa_outbox.relay:)
+└── PublishError                                 — a publisher tells the relay what failed
+    ├── PublisherUnavailable                     — the broker is unreachable: back off
+    └── EventsRejected                           — the broker refused these events
 ```
 
 Every check that raises ``InvalidArgument`` or ``InvalidArgumentType`` runs before any SQL is

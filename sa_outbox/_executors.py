@@ -91,6 +91,7 @@ class _JobOps:
         self.clock = clock
         self.backoff = backoff or st.DEFAULT_BACKOFF
         self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
+        self._claims: dict[tuple[Any, ...], Executable] = {}
 
     def enqueue(self, kind: str, payload: Any, options: dict[str, Any]) -> Op[EnqueueResult]:
         stmt = st.enqueue_job(
@@ -117,11 +118,32 @@ class _JobOps:
         return [EnqueueResult(id=i if i in inserted else None, inserted=i in inserted) for i in ids]
 
     def claim(self, options: dict[str, Any]) -> Op[list[ClaimedJob]]:
-        rows = (yield st.claim_jobs(self.table, clock=self.clock, **options)).all()
+        rows = (yield self._claim_statement(options)).all()
         jobs = [ClaimedJob(**row._asdict()) for row in rows]
         # RETURNING has no order of its own: hand jobs out in the claim's order.
         jobs.sort(key=lambda j: (-j.priority, j.run_at, j.id))
         return jobs
+
+    def _claim_statement(self, options: dict[str, Any]) -> Executable:
+        # A worker claims with the same options again and again: with the database's clock
+        # the statement holds no value that changes, so it is built (~0.4 ms) and its cache
+        # key computed (~0.5 ms) once, not at every claim. A FakeClock's time is a bound
+        # value: those statements are built afresh.
+        if self.clock is not None:
+            return st.claim_jobs(self.table, clock=self.clock, **options)
+        key = tuple(
+            (name, tuple(value) if isinstance(value, list | set | frozenset) else value)
+            for name, value in sorted(options.items())
+        )
+        try:
+            stmt = self._claims.get(key)
+        except TypeError:  # an unhashable option: let claim_jobs say what is wrong with it
+            return st.claim_jobs(self.table, clock=self.clock, **options)
+        if stmt is None:
+            stmt = st.claim_jobs(self.table, clock=self.clock, **options)
+            if len(self._claims) < 64:
+                self._claims[key] = stmt
+        return stmt
 
     def heartbeat(
         self, job_id: uuid.UUID, token: uuid.UUID, options: dict[str, Any]
@@ -173,6 +195,15 @@ class _JobOps:
         stmt = st.fail_job(self.table, job_id, token, error=error, clock=self.clock)
         if (yield stmt).first() is None:
             raise LeaseLost("job", job_id, token, action="fail")
+
+    def release_many(self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> Op[BatchResult]:
+        rows = (yield st.release_jobs(self.table, pairs, clock=self.clock)).all()
+        if rows:  # released jobs are ready now: wake the workers that listen
+            yield st.notify_jobs(self.table, {row[2] for row in rows})
+        return _batch(pairs, rows)
+
+    def notify_channel(self) -> Op[str | None]:
+        return (yield st.job_notify_channel_of(self.table)).scalar()  # type: ignore[no-any-return]
 
     def reclaim(self, limit: int) -> Op[list[ReclaimedJob]]:
         stmt = st.reclaim_expired_jobs(

@@ -202,6 +202,27 @@ class JobQueue(_Base):
         """
         _drive(conn, self._ops.fail(job_id, token, error))
 
+    def release_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
+        """Give claimed jobs back to ``pending`` without counting the attempt; fenced.
+
+        For a worker that stops before it ran them: ``attempts`` goes back down, the lease
+        is cleared, and listening workers are notified at commit. ``lost`` lists the pairs
+        no longer held.
+
+        Example:
+            queue.release_many(conn, [(j.id, j.lease_token) for j in unstarted])
+        """
+        return _drive(conn, self._ops.release_many(pairs))
+
+    def notify_channel(self, conn: SyncConn) -> str | None:
+        """The channel the table's NOTIFY trigger sends on (``None`` if the table is absent).
+
+        Example:
+            queue.notify_channel(conn)
+            # -> 'public.jobs'
+        """
+        return _drive(conn, self._ops.notify_channel())
+
     def reclaim_expired(self, conn: SyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
         """Return up to ``limit`` expired leases to ``pending`` (with backoff) or ``failed``.
 
@@ -356,6 +377,14 @@ class AsyncJobQueue(_Base):
     ) -> None:
         """See `JobQueue.fail`."""
         await _adrive(conn, self._ops.fail(job_id, token, error))
+
+    async def release_many(self, conn: AsyncConn, pairs: Pairs) -> BatchResult:
+        """See `JobQueue.release_many`."""
+        return await _adrive(conn, self._ops.release_many(pairs))
+
+    async def notify_channel(self, conn: AsyncConn) -> str | None:
+        """See `JobQueue.notify_channel`."""
+        return await _adrive(conn, self._ops.notify_channel())
 
     async def reclaim_expired(self, conn: AsyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
         """See `JobQueue.reclaim_expired`."""

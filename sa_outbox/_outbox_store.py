@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Table
 
 from . import statements as st
+from ._backoff import Backoff
 from ._clock import Clock
 from ._exceptions import LeaseLost
 from ._executors import Op, SyncConn, _adrive, _batch, _drive, _payload_options
-from ._results import BatchResult, ClaimedEvent
+from ._results import BatchResult, ClaimedEvent, ParkedEvent, RejectedEvent
 from .schema import resolve_table
 from .statements._common import Dumps
 
@@ -27,10 +28,17 @@ class _OutboxOps:
     """The outbox operations, each written once as a generator over statements."""
 
     def __init__(
-        self, model: object, *, clock: Clock | None, dumps: Dumps | None, max_payload_bytes: int
+        self,
+        model: object,
+        *,
+        clock: Clock | None,
+        dumps: Dumps | None,
+        max_payload_bytes: int,
+        backoff: Backoff | None = None,
     ) -> None:
         self.table = resolve_table(model)
         self.clock = clock
+        self.backoff = backoff or st.DEFAULT_RELAY_BACKOFF
         self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
 
     def append(self, options: dict[str, Any]) -> Op[uuid.UUID]:
@@ -43,11 +51,62 @@ class _OutboxOps:
         )
         return (yield stmt).one()[0]  # type: ignore[no-any-return]
 
-    def claim(self, batch: int, lease: dt.timedelta | float) -> Op[list[ClaimedEvent]]:
-        stmt = st.claim_events(self.table, batch=batch, lease=lease, clock=self.clock)
+    def claim(
+        self, batch: int, lease: dt.timedelta | float, per_aggregate: int | None = None
+    ) -> Op[list[ClaimedEvent]]:
+        # Candidates first (cheap, lock-free reads), then the claim, which checks each again.
+        window = st.select_claim_candidates(self.table, batch=batch, clock=self.clock)
+        candidates = list((yield window).scalars())
+        if len(candidates) < batch:  # heads are sparse near the front: look past the window
+            beyond = st.select_aggregate_heads(
+                self.table,
+                after_seq=max(candidates, default=0),
+                limit=batch - len(candidates),
+                clock=self.clock,
+            )
+            candidates += (yield beyond).scalars()
+        if not candidates:
+            return []
+        stmt = st.claim_events(
+            self.table,
+            batch=batch,
+            lease=lease,
+            per_aggregate=per_aggregate,
+            candidates=candidates,
+            clock=self.clock,
+        )
         events = [ClaimedEvent(**row._asdict()) for row in (yield stmt)]
         events.sort(key=lambda e: e.seq)
         return events
+
+    def reject_many(
+        self, failures: Sequence[tuple[uuid.UUID, uuid.UUID, str]], max_attempts: int
+    ) -> Op[list[RejectedEvent]]:
+        stmt = st.reject_events(
+            self.table, failures, max_attempts=max_attempts, backoff=self.backoff, clock=self.clock
+        )
+        return [
+            RejectedEvent(row[0], parked=row[2] is not None, attempts=row[3], relay_until=row[4])
+            for row in (yield stmt)
+        ]
+
+    def release_many(self, pairs: Pairs, error: str | None, attempted: bool) -> Op[BatchResult]:
+        stmt = st.release_events(
+            self.table, pairs, error=error, attempted=attempted, clock=self.clock
+        )
+        return _batch(pairs, (yield stmt))
+
+    def requeue_parked(self, ids: Sequence[object] | None) -> Op[list[uuid.UUID]]:
+        requeued = [row[0] for row in (yield st.requeue_parked_events(self.table, ids=ids))]
+        if requeued:  # claimable again: wake the relays that listen
+            yield st.notify_relays(self.table)
+        return requeued
+
+    def parked(self) -> Op[list[ParkedEvent]]:
+        return [ParkedEvent(**row._asdict()) for row in (yield st.select_parked_events(self.table))]
+
+    def notify_channel(self) -> Op[str | None]:
+        return (yield st.outbox_notify_channel_of(self.table)).scalar()  # type: ignore[no-any-return]
 
     def mark_published(self, event_id: uuid.UUID, token: uuid.UUID) -> Op[None]:
         stmt = st.mark_event_published(self.table, event_id, token, clock=self.clock)
@@ -87,8 +146,11 @@ class _Base:
         clock: Clock | None = None,
         dumps: Dumps | None = None,
         max_payload_bytes: int = st.DEFAULT_MAX_PAYLOAD_BYTES,
+        backoff: Backoff | None = None,
     ) -> None:
-        self._ops = _OutboxOps(model, clock=clock, dumps=dumps, max_payload_bytes=max_payload_bytes)
+        self._ops = _OutboxOps(
+            model, clock=clock, dumps=dumps, max_payload_bytes=max_payload_bytes, backoff=backoff
+        )
 
     @property
     def table(self) -> Table:
@@ -142,13 +204,18 @@ class Outbox(_Base):
         *,
         batch: int = 100,
         lease: dt.timedelta | float = st.DEFAULT_RELAY_LEASE,
+        per_aggregate: int | None = None,
     ) -> list[ClaimedEvent]:
-        """Claim up to ``batch`` unpublished events, in ``seq`` order.
+        """Claim up to ``batch`` unpublished events, in ``seq`` order, aggregate by aggregate.
+
+        From each aggregate it takes a run of consecutive events starting at the oldest
+        unpublished one, and skips aggregates another relay holds (see
+        `sa_outbox.statements.claim_events`): publish each aggregate's events in order.
 
         Example:
             events = outbox.claim(conn, batch=100)
         """
-        return _drive(conn, self._ops.claim(batch, lease))
+        return _drive(conn, self._ops.claim(batch, lease, per_aggregate))
 
     def mark_published(self, conn: SyncConn, event_id: uuid.UUID, token: uuid.UUID) -> None:
         """Mark one event published after the broker took it, or raise `LeaseLost`.
@@ -175,6 +242,55 @@ class Outbox(_Base):
             # -> 0
         """
         return _drive(conn, self._ops.prune(older_than, batch))
+
+    def reject_many(
+        self,
+        conn: SyncConn,
+        failures: Sequence[tuple[uuid.UUID, uuid.UUID, str]],
+        *,
+        max_attempts: int,
+    ) -> list[RejectedEvent]:
+        """Record broker rejections: each event backs off, or is parked at ``max_attempts``.
+
+        Fenced by the relay token: a triple whose token no longer holds is left out of the
+        result. The backoff is the outbox's (``Outbox(..., backoff=Backoff(...))``).
+
+        Example:
+            rejected = outbox.reject_many(
+                conn, [(event.id, event.relay_token, "message too large")], max_attempts=10
+            )
+        """
+        return _drive(conn, self._ops.reject_many(failures, max_attempts))
+
+    def release_many(
+        self, conn: SyncConn, pairs: Pairs, *, error: str | None = None, attempted: bool = True
+    ) -> BatchResult:
+        """Give claimed events back unmarked, claimable at once (broker down, relay stopping).
+
+        Example:
+            outbox.release_many(conn, [(e.id, e.relay_token) for e in events],
+                                error="connection refused")
+        """
+        return _drive(conn, self._ops.release_many(pairs, error, attempted))
+
+    def requeue_parked(
+        self, conn: SyncConn, *, ids: Sequence[object] | None = None
+    ) -> list[uuid.UUID]:
+        """Un-park parked events (all, or ``ids``) once the cause is fixed; wakes the relays.
+
+        Example:
+            outbox.requeue_parked(conn, ids=[parked.id])
+        """
+        return _drive(conn, self._ops.requeue_parked(ids))
+
+    def parked(self, conn: SyncConn) -> list[ParkedEvent]:
+        """The parked events, oldest first, each with its ``last_error``.
+
+        Example:
+            for event in outbox.parked(conn):
+                print(event.event_type, event.aggregate_id, event.last_error)
+        """
+        return _drive(conn, self._ops.parked())
 
 
 class AsyncOutbox(_Base):
@@ -206,9 +322,10 @@ class AsyncOutbox(_Base):
         *,
         batch: int = 100,
         lease: dt.timedelta | float = st.DEFAULT_RELAY_LEASE,
+        per_aggregate: int | None = None,
     ) -> list[ClaimedEvent]:
         """See `Outbox.claim`."""
-        return await _adrive(conn, self._ops.claim(batch, lease))
+        return await _adrive(conn, self._ops.claim(batch, lease, per_aggregate))
 
     async def mark_published(self, conn: AsyncConn, event_id: uuid.UUID, token: uuid.UUID) -> None:
         """See `Outbox.mark_published`."""
@@ -223,3 +340,29 @@ class AsyncOutbox(_Base):
     ) -> int:
         """See `Outbox.prune`."""
         return await _adrive(conn, self._ops.prune(older_than, batch))
+
+    async def reject_many(
+        self,
+        conn: AsyncConn,
+        failures: Sequence[tuple[uuid.UUID, uuid.UUID, str]],
+        *,
+        max_attempts: int,
+    ) -> list[RejectedEvent]:
+        """See `Outbox.reject_many`."""
+        return await _adrive(conn, self._ops.reject_many(failures, max_attempts))
+
+    async def release_many(
+        self, conn: AsyncConn, pairs: Pairs, *, error: str | None = None, attempted: bool = True
+    ) -> BatchResult:
+        """See `Outbox.release_many`."""
+        return await _adrive(conn, self._ops.release_many(pairs, error, attempted))
+
+    async def requeue_parked(
+        self, conn: AsyncConn, *, ids: Sequence[object] | None = None
+    ) -> list[uuid.UUID]:
+        """See `Outbox.requeue_parked`."""
+        return await _adrive(conn, self._ops.requeue_parked(ids))
+
+    async def parked(self, conn: AsyncConn) -> list[ParkedEvent]:
+        """See `Outbox.parked`."""
+        return await _adrive(conn, self._ops.parked())

@@ -128,3 +128,39 @@ class ClaimedEvent:
     def message_id(self) -> str:
         """The stable id consumers de-duplicate on (the outbox row's id)."""
         return str(self.id)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RejectedEvent:
+    """Where a rejected event went: back off until ``relay_until``, or ``parked``.
+
+    Example:
+        >>> RejectedEvent(uuid.UUID(int=1), parked=True, attempts=10, relay_until=None).parked
+        True
+    """
+
+    id: uuid.UUID
+    parked: bool
+    attempts: int
+    relay_until: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ParkedEvent:
+    """An event the relay parked after the broker kept rejecting it, with its last error.
+
+    Example:
+        >>> ParkedEvent(uuid.UUID(int=1), 7, "OrderPlaced", "order", "42", 10,
+        ...             "message too large", None, None).last_error
+        'message too large'
+    """
+
+    id: uuid.UUID
+    seq: int
+    event_type: str
+    aggregate_type: str
+    aggregate_id: str
+    attempts: int
+    last_error: str | None
+    parked_at: dt.datetime | None
+    created_at: dt.datetime | None

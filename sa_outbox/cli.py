@@ -8,6 +8,19 @@ Commands:
     ``$SA_OUTBOX_DATABASE_URL``, else an embedded PostgreSQL (``pip install
     "sa-outbox[embedded]"``).
 
+``sa-outbox worker TARGET [--queues a,b] [--concurrency N] [--database-url URL] …``
+    Runs a worker for the `JobApp` at ``TARGET`` (``module:attribute``, e.g.
+    ``myapp.tasks:app``; the attribute may also be a function returning one) until SIGTERM
+    or SIGINT, then shuts down gracefully. An app with ``async def`` handlers runs on
+    `AsyncWorker`, any other on `Worker`. The database is ``--database-url``, else
+    ``$SA_OUTBOX_DATABASE_URL``.
+
+``sa-outbox relay TARGET [--once] [--log-level LEVEL]``
+    Runs the outbox `Relay` (or `AsyncRelay`) at ``TARGET`` (``module:attribute``, e.g.
+    ``myapp.outbox:relay``, or a function returning one) until SIGTERM or SIGINT: claim →
+    publish → mark, in each aggregate's order. ``--once`` runs one cycle and prints what it
+    did. The relay object carries its engine, outbox model and publisher.
+
 Each command is a function that adds its subparser and sets ``handler`` to a function of
 the parsed arguments returning the exit status: 0 on success, 1 on a runtime error (printed
 as ``sa-outbox COMMAND: error: …``), 2 on a usage error (argparse's own convention).
@@ -16,11 +29,19 @@ Example:
     >>> args = build_parser().parse_args(["demo", "--jobs", "50"])
     >>> args.command, args.jobs, args.database_url
     ('demo', 50, None)
+    >>> args = build_parser().parse_args(
+    ...     ["worker", "myapp.tasks:app", "--queues", "default,emails", "--concurrency", "16"])
+    >>> args.target, args.queues, args.concurrency
+    ('myapp.tasks:app', ['default', 'emails'], 16)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib
+import inspect
+import logging
 import os
 import sys
 import warnings
@@ -34,8 +55,18 @@ from . import __version__
 from ._demo import MAX_DEMO_JOBS, format_report, run_demo
 from ._embedded import embedded_database_url
 from ._exceptions import SaOutboxError
+from .relay import AsyncRelay, Relay, RelayReport
+from .relay._loader import load_relay
+from .worker import AsyncWorker, JobApp, Worker
 
-__all__ = ["ENV_DATABASE_URL", "CommandError", "build_parser", "database_url", "main"]
+__all__ = [
+    "ENV_DATABASE_URL",
+    "CommandError",
+    "build_parser",
+    "database_url",
+    "load_target",
+    "main",
+]
 
 #: The environment variable commands read the database URL from when none is given.
 ENV_DATABASE_URL = "SA_OUTBOX_DATABASE_URL"
@@ -157,6 +188,278 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected names separated by commas, got {value!r}")
+    return names
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"must be more than zero, got {value}")
+        return number
+
+    return parse
+
+
+def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "worker",
+        help="run the handlers of a JobApp until SIGTERM / SIGINT",
+        description=(
+            "Claim jobs in batches, run their handlers outside any transaction, acknowledge "
+            "them in batches (fenced by their lease tokens), heartbeat, reclaim expired "
+            "leases, wake up on NOTIFY. SIGTERM or SIGINT stops claiming, lets running jobs "
+            "finish within --grace seconds, then releases the rest; a second signal skips "
+            "the grace period."
+        ),
+    )
+    parser.add_argument("target", metavar="TARGET", help="the JobApp, as module:attribute")
+    parser.add_argument(
+        "--database-url", metavar="URL", help=f"PostgreSQL URL (default: ${ENV_DATABASE_URL})"
+    )
+    parser.add_argument(
+        "--queues", metavar="A,B", type=_names, help="queues to serve (default: all)"
+    )
+    parser.add_argument(
+        "--kinds", metavar="A,B", type=_names, help="job kinds to claim (default: all)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        metavar="N",
+        type=_positive(int),
+        default=10,
+        help="handlers running at once (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch", metavar="N", type=_positive(int), help="most jobs per claim (default: N)"
+    )
+    parser.add_argument(
+        "--lease",
+        metavar="SECONDS",
+        type=_positive(float),
+        default=30.0,
+        help="lease of a claimed job, renewed by heartbeats (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--grace",
+        metavar="SECONDS",
+        type=float,
+        default=10.0,
+        help="time running jobs get to finish after SIGTERM (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        metavar="SECONDS",
+        type=_positive(float),
+        default=1.0,
+        help="claim at least this often, notifications or not (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--no-listen", dest="listen", action="store_false", help="poll only, no LISTEN"
+    )
+    parser.add_argument(
+        "--no-reclaim",
+        dest="reclaim",
+        action="store_false",
+        help="leave expired leases to a separate reclaimer",
+    )
+    parser.add_argument("--worker-id", metavar="ID", help="default: host:pid:random")
+    parser.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="(default: %(default)s)",
+    )
+    parser.set_defaults(handler=_worker)
+
+
+def load_target(target: str) -> JobApp:
+    """The `JobApp` at ``module:attribute`` (the current directory is importable).
+
+    The attribute may be a dotted path, or a function of no arguments returning the app.
+
+    Example:
+        >>> load_target("json:dumps")
+        Traceback (most recent call last):
+        ...
+        sa_outbox.cli.CommandError: json:dumps is not a JobApp (nor a function returning one)
+    """
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise CommandError(f"expected TARGET as module:attribute (myapp.tasks:app), got {target!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CommandError(f"cannot import {module_name!r}: {exc}") from exc
+    for part in attribute.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise CommandError(f"{module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(found, JobApp) and inspect.isfunction(found) and _no_arguments(found):
+        found = found()
+    if not isinstance(found, JobApp):
+        raise CommandError(f"{target} is not a JobApp (nor a function returning one)")
+    return found
+
+
+def _no_arguments(function: Callable[..., object]) -> bool:
+    try:
+        inspect.signature(function).bind()
+    except TypeError:
+        return False
+    return True
+
+
+def _worker(args: argparse.Namespace) -> int:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=args.log_level,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+    app = load_target(args.target)
+    raw = args.database_url or os.environ.get(ENV_DATABASE_URL)
+    if not raw:
+        raise CommandError(f"give the database with --database-url or ${ENV_DATABASE_URL}")
+    url = database_url(raw)
+    options = dict(
+        queues=args.queues,
+        kinds=args.kinds,
+        concurrency=args.concurrency,
+        batch=args.batch,
+        lease=args.lease,
+        grace=args.grace,
+        poll_interval=args.poll_interval,
+        listen=args.listen,
+        reclaim=args.reclaim,
+        worker_id=args.worker_id,
+    )
+    try:
+        if any(app[kind].is_async for kind in app.kinds):
+            asyncio.run(_run_async(app, url, options))
+        else:
+            engine = _engine(url)
+            try:
+                Worker(app, engine, **options).run()
+            finally:
+                engine.dispose()
+    except DBAPIError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        shown = url.render_as_string(hide_password=True)
+        raise CommandError(f"database error on {shown}: {reason}") from exc
+    return 0
+
+
+async def _run_async(app: JobApp, url: URL, options: dict[str, object]) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(url)
+    try:
+        await AsyncWorker(app, engine, **options).run()  # type: ignore[arg-type]
+    finally:
+        await engine.dispose()
+
+
+def _add_relay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "relay",
+        help="publish committed outbox events until SIGTERM / SIGINT",
+        description=(
+            "Claim committed outbox events in batches (aggregate by aggregate), publish them "
+            "through the relay's publisher in each aggregate's order, mark what the broker "
+            "took, back off and park what it keeps rejecting; wake up on NOTIFY. SIGTERM or "
+            "SIGINT finishes the current batch, then stops."
+        ),
+    )
+    parser.add_argument(
+        "target", metavar="TARGET", help="the Relay or AsyncRelay, as module:attribute"
+    )
+    parser.add_argument("--once", action="store_true", help="run one cycle, print it, exit")
+    parser.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="(default: %(default)s)",
+    )
+    parser.set_defaults(handler=_relay)
+
+
+def _format_relay_report(report: RelayReport) -> str:
+    text = (
+        f"relay {report.relay}: {report.claimed} claimed, {report.published} published, "
+        f"{report.rejected} rejected ({report.parked} parked), {report.released} released"
+    )
+    return text + (f"; broker unavailable: {report.unavailable}" if report.unavailable else "")
+
+
+def _relay(args: argparse.Namespace) -> int:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=args.log_level,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+    relay = load_relay(args.target)
+    try:
+        if isinstance(relay, AsyncRelay):
+            asyncio.run(_run_async_relay(relay, once=args.once))
+        else:
+            _run_relay(relay, once=args.once)
+    except DBAPIError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise CommandError(f"database error: {reason}") from exc
+    return 0
+
+
+def _run_relay(relay: Relay, *, once: bool) -> None:
+    import signal
+
+    previous = {
+        signum: signal.signal(signum, lambda *_: relay.stop())
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        if once:
+            print(_format_relay_report(relay.run_once()))
+        else:
+            relay.run()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        relay.close()
+        relay.engine.dispose()  # the command owns the process: close its connections
+
+
+async def _run_async_relay(relay: AsyncRelay, *, once: bool) -> None:
+    import signal
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, relay.stop)
+    try:
+        if once:
+            print(_format_relay_report(await relay.run_once()))
+        else:
+            await relay.run()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await relay.aclose()
+        await relay.engine.dispose()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sa-outbox``, with one subparser per command.
 
@@ -176,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", required=True, title="commands"
     )
     _add_demo(commands)
+    _add_worker(commands)
+    _add_relay(commands)
     return parser
 
 

@@ -51,6 +51,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, MappedAsDataclass, declared_attr, mapped_column
 
 from ._exceptions import InvalidArgumentType
+from ._notify_trigger import NotifyTrigger
+from ._outbox_triggers import OutboxTriggers
 from ._validation import MAX_IDENTIFIER_LENGTH, identifier, optional_identifier
 
 __all__ = [
@@ -170,6 +172,7 @@ _OUTBOX_COLUMNS: dict[str, _Spec] = {
     "relay_until": (lambda: DateTime(timezone=True), {}, {"default": None}),
     "relay_token": (lambda: Uuid(), {}, {"default": None}),
     "published_at": (lambda: DateTime(timezone=True), {}, {"default": None}),
+    "parked_at": (lambda: DateTime(timezone=True), {}, {"default": None}),
     "last_error": (Text, {}, {"default": None}),
     "created_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
 }
@@ -197,6 +200,7 @@ _NULLABLE = frozenset(
         "relay_until",
         "relay_token",
         "published_at",
+        "parked_at",
     }
 )
 
@@ -263,20 +267,37 @@ def job_table_args(table_name: str) -> tuple[Index, ...]:
 def outbox_table_args(table_name: str) -> tuple[Index, ...]:
     """The indexes of an outbox table named ``table_name`` (article, section 5).
 
-    ``{t}_unpublished_idx`` holds only unpublished rows, in ``seq`` order, for the relay;
-    ``{t}_seq_key`` keeps ``seq`` unique; ``{t}_retention_idx`` serves pruning.
+    ``{t}_seq_key`` keeps ``seq`` unique. ``{t}_ready_idx`` holds only the rows a relay may
+    claim (unpublished and not parked), in ``seq`` order: the claim's predicate.
+    ``{t}_aggregate_idx`` holds the unpublished rows by aggregate and ``seq``: the claim asks
+    it whether an earlier event of the same aggregate is still unpublished, and takes the
+    following events of an aggregate from it. ``{t}_parked_idx`` lists parked events;
+    ``{t}_retention_idx`` serves pruning.
 
     Example:
-        >>> [i.name for i in outbox_table_args("outbox")]
-        ['outbox_seq_key', 'outbox_unpublished_idx', 'outbox_retention_idx']
+        >>> [i.name for i in outbox_table_args("outbox")]  # doctest: +NORMALIZE_WHITESPACE
+        ['outbox_seq_key', 'outbox_ready_idx', 'outbox_aggregate_idx', 'outbox_parked_idx',
+         'outbox_retention_idx']
     """
     t = identifier(table_name, "outbox table name")
     return (
         Index(_index_name(t, "seq_key"), "seq", unique=True),
         Index(
-            _index_name(t, "unpublished_idx"),
+            _index_name(t, "ready_idx"),
+            "seq",
+            postgresql_where=text("published_at IS NULL AND parked_at IS NULL"),
+        ),
+        Index(
+            _index_name(t, "aggregate_idx"),
+            "aggregate_type",
+            "aggregate_id",
             "seq",
             postgresql_where=text("published_at IS NULL"),
+        ),
+        Index(
+            _index_name(t, "parked_idx"),
+            "parked_at",
+            postgresql_where=text("parked_at IS NOT NULL"),
         ),
         Index(
             _index_name(t, "retention_idx"),
@@ -288,6 +309,9 @@ def outbox_table_args(table_name: str) -> tuple[Index, ...]:
 
 class JobMixin:
     """The job table's columns and indexes, for a plain declarative base.
+
+    ``metadata.create_all`` also creates the table's NOTIFY trigger (one notification per
+    inserting statement), which wakes workers up when jobs arrive.
 
     Example:
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -323,11 +347,15 @@ class JobMixin:
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:
         info = {"info": {TABLE_KIND_INFO_KEY: "job"}}
-        return (*job_table_args(_table_name(cls)), {**_schema_args(cls), **info})
+        # NotifyTrigger: create_all also creates the statement-level NOTIFY trigger.
+        return (*job_table_args(_table_name(cls)), NotifyTrigger(), {**_schema_args(cls), **info})
 
 
 class OutboxMixin:
     """The outbox table's columns and indexes, for a plain declarative base.
+
+    ``metadata.create_all`` also creates the table's two triggers (`OutboxTriggers`): one
+    makes ``seq`` follow commit order within an aggregate, the other wakes relays up.
 
     Example:
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -366,6 +394,7 @@ class OutboxMixin:
     relay_until: Mapped[dt.datetime | None] = _column(_OUTBOX_COLUMNS, "relay_until")
     relay_token: Mapped[uuid.UUID | None] = _column(_OUTBOX_COLUMNS, "relay_token")
     published_at: Mapped[dt.datetime | None] = _column(_OUTBOX_COLUMNS, "published_at")
+    parked_at: Mapped[dt.datetime | None] = _column(_OUTBOX_COLUMNS, "parked_at")
     last_error: Mapped[str | None] = _column(_OUTBOX_COLUMNS, "last_error")
     created_at: Mapped[dt.datetime] = _column(_OUTBOX_COLUMNS, "created_at")
 
@@ -374,7 +403,12 @@ class OutboxMixin:
         if _inherits_a_table(cls):
             return None  # a domain event: it lives in its outbox model's table
         info = {"info": {TABLE_KIND_INFO_KEY: "outbox"}}
-        return (*outbox_table_args(_table_name(cls)), {**_schema_args(cls), **info})
+        # OutboxTriggers: create_all also creates the ordering and wake-up triggers.
+        return (
+            *outbox_table_args(_table_name(cls)),
+            OutboxTriggers(),
+            {**_schema_args(cls), **info},
+        )
 
 
 def _dataclass_variant(mixin: type[_C], specs: dict[str, _Spec], doc: str) -> type[_C]:

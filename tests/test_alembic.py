@@ -155,8 +155,12 @@ def expected_indexes(schema: str) -> dict[str, str]:
         "jobs_retention_idx": f"CREATE INDEX jobs_retention_idx {on_jobs} (status, updated_at)",
         "outbox_pkey": f"CREATE UNIQUE INDEX outbox_pkey {on_outbox} (id)",
         "outbox_seq_key": f"CREATE UNIQUE INDEX outbox_seq_key {on_outbox} (seq)",
-        "outbox_unpublished_idx": f"CREATE INDEX outbox_unpublished_idx {on_outbox} (seq)"
-        " WHERE (published_at IS NULL)",
+        "outbox_ready_idx": f"CREATE INDEX outbox_ready_idx {on_outbox} (seq)"
+        " WHERE ((published_at IS NULL) AND (parked_at IS NULL))",
+        "outbox_aggregate_idx": f"CREATE INDEX outbox_aggregate_idx {on_outbox}"
+        " (aggregate_type, aggregate_id, seq) WHERE (published_at IS NULL)",
+        "outbox_parked_idx": f"CREATE INDEX outbox_parked_idx {on_outbox} (parked_at)"
+        " WHERE (parked_at IS NOT NULL)",
         "outbox_retention_idx": f"CREATE INDEX outbox_retention_idx {on_outbox} (published_at)"
         " WHERE (published_at IS NOT NULL)",
     }
@@ -211,7 +215,9 @@ def assert_installed(pg: Engine, schema: str) -> None:
                 " RETURNING seq"
             )
         ).scalars()
-        assert list(seqs) == [1, 2]
+        # The ordering trigger draws seq again after locking the aggregate: increasing.
+        first_seq, second_seq = seqs
+        assert 0 < first_seq < second_seq
 
 
 def assert_removed(pg: Engine, schema: str) -> None:
@@ -609,7 +615,9 @@ def test_offline_sql_creates_the_type_once_then_the_table_and_indexes() -> None:
     assert "    status work.job_status DEFAULT 'pending' NOT NULL, \n" in sql
     ready = "CREATE INDEX jobs_ready_idx ON work.jobs (queue, priority DESC, run_at, id)"
     assert f"{ready} WHERE status = 'pending';" in sql
-    assert "CREATE INDEX outbox_unpublished_idx ON outbox (seq) WHERE published_at IS NULL;" in sql
+    ready = "CREATE INDEX outbox_ready_idx ON outbox (seq)"
+    assert f"{ready} WHERE published_at IS NULL AND parked_at IS NULL;" in sql
+    assert "CREATE TRIGGER outbox_order_events BEFORE INSERT ON outbox" in sql
     assert sql.index("CREATE TYPE") < sql.index("CREATE TABLE work.jobs")
     assert sql.index("DROP TABLE work.jobs") < sql.index("DROP TYPE work.job_status")
 

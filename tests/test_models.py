@@ -111,7 +111,11 @@ def test_models_on_each_base_style(engine: Engine, schema: str, make_base: Any) 
     assert "WHERE (deduplication_key IS NOT NULL)" in indexes["background_jobs_dedup_idx"]
     assert "WHERE (status = 'running'::" in indexes["background_jobs_expired_lease_idx"]
     assert "(status, updated_at)" in indexes["background_jobs_retention_idx"]
-    assert "WHERE (published_at IS NULL)" in indexes["domain_events_unpublished_idx"]
+    assert (
+        "WHERE ((published_at IS NULL) AND (parked_at IS NULL))"
+        in indexes["domain_events_ready_idx"]
+    )
+    assert "WHERE (published_at IS NULL)" in indexes["domain_events_aggregate_idx"]
 
     # The ORM path: the user's own session adds a job row directly, then the queue claims it.
     with Session(engine) as session, session.begin():

@@ -1,0 +1,167 @@
+"""`WebhookPublisher`: an HTTP POST per event (``pip install "sa-outbox[webhook]"``).
+
+The body is the whole event as JSON (`envelope_of`: ``id``, ``event_type``,
+``aggregate_type``, ``aggregate_id``, ``seq``, ``created_at``, ``headers``, ``payload``). The
+request carries:
+
+- ``Idempotency-Key``: the outbox row's id, the same on every retry;
+- ``X-Outbox-Signature: sha256=<hex>``: the HMAC-SHA256 of the body under ``secret`` (when
+  one is given), which the receiver recomputes to know the request is yours;
+- ``X-Outbox-Event-Type`` and ``Content-Type: application/json``, plus ``headers``.
+
+Only a 2xx answer counts as published. Redirects are not followed (a 3xx rejects the
+event, like 4xx and other 5xx answers); 408, 429, 502, 503 and 504 — the server saying it
+cannot take anything *now* — and timeouts or connection errors make the batch unavailable,
+so the relay backs off without parking events. Events of one batch are sent concurrently
+(at most ``concurrency`` at a time); ``timeout`` bounds each request.
+
+Example:
+    publisher = WebhookPublisher(
+        "https://hooks.example.com/outbox",
+        secret=os.environ["WEBHOOK_SECRET"],
+        timeout=10.0,
+    )
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+
+import httpx
+
+from .._exceptions import InvalidArgumentType
+from .._results import ClaimedEvent
+from ..relay._core import describe
+from ..relay._publisher import EventsRejected, PublisherUnavailable
+from ..statements import compact_json
+from ._message import envelope_of
+
+__all__ = ["RETRY_LATER_STATUSES", "WebhookPublisher", "sign"]
+
+#: Answers that mean "not now" rather than "not this event": the batch is unavailable.
+RETRY_LATER_STATUSES = frozenset({408, 429, 502, 503, 504})
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    """The ``X-Outbox-Signature`` value: ``sha256=`` and the hex HMAC-SHA256 of ``body``.
+
+    Example:
+        >>> sign(b"secret", b'{"id":"1"}')
+        'sha256=6146142a2ce0159e84c0767881e4ec80bc397da62526e7d19f70795eb79460c0'
+    """
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+class _Unreachable(Exception):
+    pass
+
+
+class WebhookPublisher:
+    """POST each event to ``url`` (a str, or a function of the event); see the module.
+
+    Example:
+        relay = Relay(engine, OutboxEvent, WebhookPublisher(url, secret=secret))
+    """
+
+    def __init__(
+        self,
+        url: str | Callable[[ClaimedEvent], str],
+        *,
+        secret: str | bytes | None = None,
+        timeout: float | httpx.Timeout = 10.0,
+        headers: Mapping[str, str] | None = None,
+        concurrency: int = 10,
+        signature_header: str = "X-Outbox-Signature",
+        idempotency_header: str = "Idempotency-Key",
+    ) -> None:
+        if isinstance(url, str):
+            fixed = url
+            self._url_of: Callable[[ClaimedEvent], str] = lambda _event: fixed
+        elif callable(url):
+            self._url_of = url
+        else:
+            raise InvalidArgumentType(f"url must be a str or a function, got {url!r}")
+        if secret is not None and not isinstance(secret, str | bytes):
+            raise InvalidArgumentType("secret must be a str or bytes")
+        self._secret = secret.encode() if isinstance(secret, str) else secret
+        self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self._headers = dict(headers or {})
+        self._concurrency = concurrency
+        self._signature_header = signature_header
+        self._idempotency_header = idempotency_header
+        self._client: httpx.AsyncClient | None = None
+
+    def __repr__(self) -> str:
+        return "WebhookPublisher()"
+
+    def request_for(self, event: ClaimedEvent) -> tuple[str, bytes, dict[str, str]]:
+        """The URL, body and headers sent for ``event``.
+
+        Example:
+            url, body, headers = publisher.request_for(event)
+        """
+        body = compact_json(envelope_of(event)).encode()
+        headers = {
+            **self._headers,
+            "Content-Type": "application/json",
+            self._idempotency_header: str(event.id),
+            "X-Outbox-Event-Type": event.event_type,
+        }
+        if self._secret is not None:
+            headers[self._signature_header] = sign(self._secret, body)
+        return self._url_of(event), body, headers
+
+    async def _post(
+        self, client: httpx.AsyncClient, limit: asyncio.Semaphore, event: ClaimedEvent
+    ) -> str | None:
+        url, body, headers = self.request_for(event)
+        async with limit:
+            try:
+                response = await client.post(url, content=body, headers=headers)
+            except httpx.TransportError as exc:  # timeouts, refused connections, …
+                raise _Unreachable(f"POST {url}: {describe(exc)}") from exc
+        if response.is_success:
+            return None
+        reason = f"POST {url}: HTTP {response.status_code} {response.reason_phrase}"
+        if response.status_code in RETRY_LATER_STATUSES:
+            raise _Unreachable(reason)
+        if response.is_redirect:
+            return f"{reason} (redirects are not followed)"
+        return f"{reason}: {response.text[:200]}" if response.text else reason
+
+    async def publish(self, events: Sequence[ClaimedEvent]) -> None:
+        """POST every event of the batch; only 2xx answers count.
+
+        Example:
+            await publisher.publish(events)
+        """
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._timeout, follow_redirects=False)
+        limit = asyncio.Semaphore(self._concurrency)
+        results = await asyncio.gather(
+            *(self._post(self._client, limit, event) for event in events), return_exceptions=True
+        )
+        rejected: dict[uuid.UUID, str] = {}
+        for event, result in zip(events, results, strict=True):
+            if isinstance(result, _Unreachable):
+                raise PublisherUnavailable(str(result))
+            if isinstance(result, BaseException):
+                rejected[event.id] = describe(result)
+            elif result is not None:
+                rejected[event.id] = result
+        if rejected:
+            raise EventsRejected(rejected)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client.
+
+        Example:
+            await publisher.aclose()
+        """
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()

@@ -1,0 +1,114 @@
+"""What `Relay` and `AsyncRelay` share: turning a publish's outcome into the plan, and the
+database writes that end a cycle (one transaction: mark, reject, release).
+
+Example:
+    >>> describe(TimeoutError("no answer"))
+    'TimeoutError: no answer'
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import tenacity
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+from .._executors import Op
+from .._outbox_store import _OutboxOps
+from .._results import ClaimedEvent
+from ._config import RelaySettings
+from ._plan import BatchPlan, RelayReport
+from ._publisher import EventsRejected, PublisherUnavailable
+
+__all__ = ["LOGGER", "RETRYABLE", "describe", "finish", "retry_wait", "settle"]
+
+LOGGER = logging.getLogger("sa_outbox.relay")
+#: What the relay's loop backs off from and retries: a broker it cannot reach, and a
+#: database it cannot reach (restarted, connection killed) or a deadlock.
+RETRYABLE: tuple[type[BaseException], ...] = (
+    PublisherUnavailable,
+    OperationalError,
+    InterfaceError,
+)
+#: ``last_error`` keeps at most this many characters of an error.
+MAX_ERROR_LENGTH = 2000
+
+
+def describe(error: BaseException) -> str:
+    """An error as ``last_error`` keeps it: its type and message, capped.
+
+    Example:
+        >>> describe(PublisherUnavailable("connection refused"))
+        'connection refused'
+    """
+    if isinstance(error, EventsRejected | PublisherUnavailable):
+        text = str(error)
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return (text or type(error).__name__)[:MAX_ERROR_LENGTH]
+
+
+def settle(
+    plan: BatchPlan, wave: Sequence[ClaimedEvent], error: BaseException | None
+) -> list[ClaimedEvent]:
+    """Record how publishing ``wave`` ended; returns events to publish one by one, if any.
+
+    No error: all published. `EventsRejected`: those rejected, the others published.
+    `PublisherUnavailable`: the whole batch stops. Anything else on one event: rejected
+    with that error; on several: they are tried again one by one, to find the culprit.
+
+    Example:
+        >>> plan = BatchPlan([])
+        >>> settle(plan, [], None)
+        []
+    """
+    if error is None:
+        plan.published(wave)
+    elif isinstance(error, EventsRejected):
+        plan.published([e for e in wave if e.id not in error.rejected])
+        for event in wave:
+            if event.id in error.rejected:
+                plan.reject(event, error.rejected[event.id][:MAX_ERROR_LENGTH] or "rejected")
+    elif isinstance(error, PublisherUnavailable):
+        plan.unreachable(wave, describe(error))
+    elif len(wave) == 1:
+        plan.reject(wave[0], describe(error))
+    else:
+        return list(wave)
+    return []
+
+
+def finish(ops: _OutboxOps, plan: BatchPlan, relay: str, max_attempts: int) -> Op[RelayReport]:
+    """The writes that end a cycle, in one transaction; returns the cycle's report."""
+    lost = parked = 0
+    published = plan.published_pairs()
+    if published:
+        lost += len((yield from ops.mark_published_many(published)).lost)
+    rejected = plan.rejected_triples()
+    if rejected:
+        results = yield from ops.reject_many(rejected, max_attempts)
+        parked = sum(1 for r in results if r.parked)
+        lost += len(rejected) - len(results)
+    unreachable = plan.unreachable_pairs()
+    if unreachable:
+        lost += len((yield from ops.release_many(unreachable, plan.unavailable, True)).lost)
+    untried = plan.untried_pairs()
+    if untried:
+        lost += len((yield from ops.release_many(untried, None, False)).lost)
+    return plan.report(relay, parked=parked, lost=lost)
+
+
+def retry_wait(settings: RelaySettings) -> tenacity.wait.wait_base:
+    """The loop's backoff: ``retry_initial · 2^(n-1)`` capped at ``retry_max``, plus up to
+    ``retry_initial`` of jitter, so relays that lost the same broker do not retry in step.
+
+    Example:
+        >>> wait = retry_wait(RelaySettings.build(retry_initial=1, retry_max=4))
+        >>> isinstance(wait, tenacity.wait.wait_base)
+        True
+    """
+    initial = settings.retry_initial.total_seconds()
+    return tenacity.wait_exponential(
+        multiplier=initial, max=settings.retry_max.total_seconds()
+    ) + tenacity.wait_random(0, initial)

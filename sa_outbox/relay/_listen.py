@@ -1,0 +1,178 @@
+"""LISTEN on the outbox table's channel, so an idle relay wakes up when events commit.
+
+Each listener holds one dedicated psycopg 3 connection, in autocommit mode, outside the
+engine's pool. With another driver, or when the connection fails, the relay falls back to
+polling every ``poll_interval`` (and tries to listen again on its next idle wait).
+
+Example:
+    >>> listen_statement("work.outbox")
+    'LISTEN "work.outbox"'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine
+
+from .._executors import _adrive, _drive
+from .._outbox_store import _OutboxOps
+from ._core import LOGGER
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["AsyncListener", "SyncListener", "WakePipe", "listen_statement"]
+
+
+def listen_statement(channel: str) -> str:
+    """``LISTEN "channel"``, quoted.
+
+    Example:
+        >>> listen_statement('a"b')
+        'LISTEN "a""b"'
+    """
+    return 'LISTEN "' + channel.replace('"', '""') + '"'
+
+
+class WakePipe:
+    """A self-pipe: `wake` (safe from a signal handler or another thread) ends a `select`.
+
+    Example:
+        >>> pipe = WakePipe()
+        >>> pipe.wake(); pipe.drain()
+        True
+        >>> pipe.close()
+    """
+
+    def __init__(self) -> None:
+        self.read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self._write_fd, False)
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (already woken) or closed
+            os.write(self._write_fd, b"x")
+
+    def drain(self) -> bool:
+        """Empty the pipe; True if it had been woken."""
+        woken = False
+        with contextlib.suppress(OSError):
+            while os.read(self.read_fd, 512):
+                woken = True
+        return woken
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class SyncListener:
+    """A LISTENing psycopg connection for `Relay`; `wait` returns on a notification.
+
+    Example:
+        listener = SyncListener.open(engine, ops)  # None when the driver is not psycopg
+    """
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    @classmethod
+    def open(cls, engine: Engine, ops: _OutboxOps) -> SyncListener | None:
+        try:
+            import psycopg
+        except ImportError:  # pragma: no cover - psycopg is a dependency
+            return None
+        with engine.connect() as conn:
+            channel = _drive(conn, ops.notify_channel())
+        if channel is None:
+            LOGGER.warning("outbox table %s not found: polling", ops.table.fullname)
+            return None
+        raw = engine.raw_connection()
+        driver = raw.driver_connection
+        if not isinstance(driver, psycopg.Connection):
+            raw.close()
+            LOGGER.info("the driver is not psycopg 3: polling instead of LISTEN")
+            return None
+        raw.detach()  # ours alone from now on; closed by close()
+        try:
+            driver.autocommit = True
+            driver.execute(listen_statement(channel))
+        except Exception:
+            driver.close()
+            raise
+        return cls(driver)
+
+    def wait(self, timeout: float, wake: WakePipe) -> None:
+        """Until a notification, ``wake``, or ``timeout`` seconds."""
+        readable, _, _ = select.select([self._connection.fileno(), wake.read_fd], [], [], timeout)
+        if self._connection.fileno() in readable:
+            for _ in self._connection.notifies(timeout=0):
+                pass
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._connection.close()
+
+
+class AsyncListener:
+    """A LISTENing psycopg async connection for `AsyncRelay`.
+
+    Example:
+        listener = await AsyncListener.open(async_engine, ops)
+    """
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    @classmethod
+    async def open(cls, engine: AsyncEngine, ops: _OutboxOps) -> AsyncListener | None:
+        try:
+            import psycopg
+        except ImportError:  # pragma: no cover - psycopg is a dependency
+            return None
+        async with engine.connect() as conn:
+            channel = await _adrive(conn, ops.notify_channel())
+        if channel is None:
+            LOGGER.warning("outbox table %s not found: polling", ops.table.fullname)
+            return None
+        raw = await engine.raw_connection()
+        driver = raw.driver_connection
+        if not isinstance(driver, psycopg.AsyncConnection):
+            raw.close()
+            LOGGER.info("the driver is not psycopg 3: polling instead of LISTEN")
+            return None
+        raw.detach()
+        try:
+            await driver.set_autocommit(True)
+            await driver.execute(listen_statement(channel))
+        except Exception:
+            await driver.close()
+            raise
+        return cls(driver)
+
+    async def wait(self, timeout: float, stopping: asyncio.Event) -> None:
+        """Until a notification, ``stopping``, or ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        fd = self._connection.fileno()
+        loop.add_reader(fd, readable.set)
+        waiters = [asyncio.ensure_future(readable.wait()), asyncio.ensure_future(stopping.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            loop.remove_reader(fd)
+            for waiter in waiters:
+                waiter.cancel()
+        if readable.is_set():
+            async for _ in self._connection.notifies(timeout=0):
+                pass
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._connection.close()

@@ -1,0 +1,369 @@
+"""`Relay`: the outbox relay on a synchronous engine (layer 4, a runtime).
+
+Example:
+    relay = Relay(engine, OutboxEvent, RabbitMQPublisher("amqp://guest:guest@localhost/"))
+    relay.run()  # until relay.stop(), SIGTERM with `sa-outbox relay`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import datetime as dt
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import tenacity
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+from .._backoff import Backoff
+from .._clock import Clock
+from .._exceptions import InvalidArgumentType
+from .._executors import _drive
+from .._outbox_store import _OutboxOps
+from .._results import ClaimedEvent
+from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
+from ._config import DEFAULT_RETENTION, RelaySettings
+from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle
+from ._listen import SyncListener, WakePipe
+from ._plan import BatchPlan, RelayReport
+from ._publisher import Publisher, PublisherUnavailable
+
+__all__ = ["Relay"]
+
+T = TypeVar("T")
+
+
+class _Portal:
+    """An event loop in a thread of its own, on which the (async) publisher runs.
+
+    It lives as long as the relay, so broker connections stay open between batches (their
+    heartbeats keep being answered while the relay waits for work).
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(
+                target=loop.run_forever, name=f"sa-outbox relay {self._name}", daemon=True
+            )
+            self._thread.start()
+            self._loop = loop
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise PublisherUnavailable(f"the publisher did not finish within {timeout} s") from None
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join()
+        self._loop.close()
+        self._loop = None
+
+
+class Relay:
+    """Publishes committed outbox events through ``publisher``: claim → publish → mark.
+
+    Each cycle (`run_once`) claims up to ``batch`` events (aggregate heads and the events
+    after them, see `sa_outbox.statements.claim_events`), publishes them in waves that
+    keep each aggregate's order, and in one transaction marks what the broker took,
+    records what it rejected (backoff, then parked at ``max_attempts``) and gives back the
+    rest. `run` repeats it: at once while events keep coming, else it waits for a NOTIFY
+    from the outbox table (``listen``) or ``poll_interval``; when the broker or the
+    database cannot be reached it backs off (tenacity: exponential with jitter, from
+    ``retry_initial`` to ``retry_max``); every ``prune_interval`` it deletes events
+    published more than ``retention`` ago (``None``: never).
+
+    ``lease``: how long a claim holds its events; another relay takes them over after it
+    (so a relay killed mid-batch loses nothing). ``publish_timeout`` (default half the
+    lease) bounds one publish: a publish that does not finish in time counts as the broker
+    being unreachable, and no wave starts unless it can finish within the lease.
+    ``clock`` is for tests (`FakeClock`), ``backoff`` is a rejected event's delay.
+
+    The publisher (async, as every publisher is) runs on an event loop in a thread of the
+    relay's own. Use `AsyncRelay` from asyncio code.
+
+    Example:
+        from sa_outbox.publishers.callable import CallablePublisher
+
+        relay = Relay(engine, OutboxEvent, CallablePublisher(print), batch=100)
+        report = relay.run_once()  # one cycle, for scripts and tests
+        relay.run()  # until relay.stop()
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        model: object,
+        publisher: Publisher,
+        *,
+        name: str | None = None,
+        batch: int = 100,
+        per_aggregate: int | None = None,
+        lease: dt.timedelta | float = 30.0,
+        publish_timeout: dt.timedelta | float | None = None,
+        max_attempts: int = 10,
+        backoff: Backoff | None = None,
+        poll_interval: dt.timedelta | float = 1.0,
+        listen: bool = True,
+        retention: dt.timedelta | float | None = DEFAULT_RETENTION,
+        prune_interval: dt.timedelta | float = 300.0,
+        retry_initial: dt.timedelta | float = 0.5,
+        retry_max: dt.timedelta | float = 30.0,
+        clock: Clock | None = None,
+    ) -> None:
+        if not isinstance(engine, Engine):
+            raise InvalidArgumentType(
+                f"Relay needs a synchronous Engine, got {type(engine).__name__} "
+                "(use AsyncRelay with an AsyncEngine)"
+            )
+        if not isinstance(publisher, Publisher):
+            raise InvalidArgumentType(
+                f"publisher must have async publish(events) and aclose(), got {publisher!r}"
+            )
+        self.settings = RelaySettings.build(
+            name=name,
+            batch=batch,
+            per_aggregate=per_aggregate,
+            lease=lease,
+            publish_timeout=publish_timeout,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            poll_interval=poll_interval,
+            listen=listen,
+            retention=retention,
+            prune_interval=prune_interval,
+            retry_initial=retry_initial,
+            retry_max=retry_max,
+        )
+        self.engine = engine
+        self.publisher = publisher
+        self._ops = _OutboxOps(
+            model,
+            clock=clock,
+            dumps=None,
+            max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES,
+            backoff=self.settings.backoff,
+        )
+        self._portal = _Portal(self.settings.name)
+        self._stopping = threading.Event()
+        self._wake = WakePipe()
+        self._listener: SyncListener | None = None
+        self._next_prune = 0.0
+
+    @property
+    def name(self) -> str:
+        """The relay's name in logs and reports (default ``host:pid``)."""
+        return self.settings.name
+
+    def __repr__(self) -> str:
+        return f"Relay({self._ops.table.fullname!r}, {self.publisher!r}, name={self.name!r})"
+
+    # -- one cycle --------------------------------------------------------------------
+
+    def run_once(self) -> RelayReport:
+        """Claim one batch, publish it, and record the outcome; returns what it did.
+
+        Example:
+            report = relay.run_once()
+            print(report.published, "published,", report.parked, "parked")
+        """
+        s = self.settings
+        with self.engine.begin() as conn:
+            events = _drive(conn, self._ops.claim(s.batch, s.lease, s.per_aggregate))
+        if not events:
+            return RelayReport(self.name)
+        deadline = time.monotonic() + (s.lease - s.publish_timeout).total_seconds()
+        plan = BatchPlan(events)
+        while not plan.done:
+            if self._stopping.is_set() or time.monotonic() > deadline:
+                plan.stop()  # not enough lease left to publish another wave safely
+                break
+            for isolated in self._publish(plan, plan.next_wave()):
+                self._publish(plan, [isolated])
+                if plan.unavailable:
+                    break
+        with self.engine.begin() as conn:
+            report = _drive(conn, finish(self._ops, plan, self.name, s.max_attempts))
+        _log(report)
+        return report
+
+    def _publish(self, plan: BatchPlan, wave: list[ClaimedEvent]) -> list[ClaimedEvent]:
+        error: BaseException | None = None
+        try:
+            self._portal.call(
+                self.publisher.publish(wave), self.settings.publish_timeout.total_seconds()
+            )
+        except Exception as exc:
+            error = exc
+        return settle(plan, wave, error)
+
+    def prune_once(self) -> int:
+        """Delete the events published more than ``retention`` ago, in batches; returns how
+        many. Parked and unpublished events are never deleted.
+
+        Example:
+            deleted = relay.prune_once()
+        """
+        retention = self.settings.retention
+        if retention is None:
+            return 0
+        deleted = 0
+        while True:
+            with self.engine.begin() as conn:
+                n = _drive(conn, self._ops.prune(retention, 1000))
+            deleted += n
+            if n < 1000:
+                return deleted
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Relay until `stop` is called (from a signal handler or another thread).
+
+        Example:
+            signal.signal(signal.SIGTERM, lambda *_: relay.stop())
+            relay.run()
+        """
+        self._stopping.clear()
+        self._wake.drain()
+        LOGGER.info("relay %s: relaying %s", self.name, self._ops.table.fullname)
+        try:
+            while not self._stopping.is_set():
+                report = self._cycle_with_retries()
+                if report is None:
+                    break
+                self._prune_if_due()
+                if report.claimed == 0 or report.published == 0:
+                    self._wait_for_work()
+        finally:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+        LOGGER.info("relay %s: stopped", self.name)
+
+    def stop(self) -> None:
+        """Ask `run` to return after the current cycle; safe from signal handlers.
+
+        Example:
+            relay.stop()
+        """
+        self._stopping.set()
+        self._wake.wake()
+
+    def close(self) -> None:
+        """Stop, close the publisher and the relay's event loop.
+
+        Example:
+            relay.close()
+        """
+        self.stop()
+        try:
+            self._portal.call(self.publisher.aclose(), None)
+        finally:
+            self._portal.close()
+            self._wake.close()
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _cycle_with_retries(self) -> RelayReport | None:
+        s = self.settings
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(RETRYABLE),
+            wait=retry_wait(s),
+            stop=lambda _state: self._stopping.is_set(),
+            sleep=self._pause,
+            before_sleep=_log_retry(self.name),
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    report = self.run_once()
+                    if report.unavailable is not None:
+                        raise PublisherUnavailable(report.unavailable)
+                    return report
+        except tenacity.RetryError:
+            return None  # stopped while backing off
+        return None  # pragma: no cover - the loop always returns or raises
+
+    def _pause(self, seconds: float) -> None:
+        if self._stopping.wait(seconds):
+            return
+
+    def _prune_if_due(self) -> None:
+        now = time.monotonic()
+        if self.settings.retention is None or now < self._next_prune:
+            return
+        self._next_prune = now + self.settings.prune_interval.total_seconds()
+        try:
+            deleted = self.prune_once()
+        except DBAPIError as exc:
+            LOGGER.warning("relay %s: pruning failed: %s", self.name, describe(exc))
+        else:
+            if deleted:
+                LOGGER.info("relay %s: pruned %d published events", self.name, deleted)
+
+    def _wait_for_work(self) -> None:
+        timeout = self.settings.poll_interval.total_seconds()
+        if self.settings.listen and self._listener is None:
+            try:
+                self._listener = SyncListener.open(self.engine, self._ops)
+            except Exception as exc:
+                LOGGER.warning("relay %s: cannot LISTEN (%s): polling", self.name, describe(exc))
+        if self._listener is None:
+            self._stopping.wait(timeout)
+            return
+        try:
+            self._listener.wait(timeout, self._wake)
+        except Exception as exc:  # the connection broke: poll now, listen again next time
+            LOGGER.warning("relay %s: LISTEN connection lost (%s)", self.name, describe(exc))
+            self._listener.close()
+            self._listener = None
+        self._wake.drain()
+
+
+def _log(report: RelayReport) -> None:
+    if report.rejected or report.lost or report.unavailable:
+        LOGGER.warning(
+            "relay %s: %d published, %d rejected (%d parked), %d released, %d lost%s",
+            report.relay,
+            report.published,
+            report.rejected,
+            report.parked,
+            report.released,
+            report.lost,
+            f"; broker unavailable: {report.unavailable}" if report.unavailable else "",
+        )
+    elif report.published:
+        LOGGER.debug("relay %s: %d published", report.relay, report.published)
+
+
+def _log_retry(name: str) -> Any:
+    def log(state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        LOGGER.warning(
+            "relay %s: %s; trying again in %.1f s",
+            name,
+            describe(error) if error else "failed",
+            delay,
+        )
+
+    return log

@@ -1,0 +1,46 @@
+"""Layer 4: the worker runtime — `Worker` (threads) and `AsyncWorker` (asyncio).
+
+Register handlers by kind on a `JobApp`, then run a worker on it, from Python or with
+``sa-outbox worker myapp.tasks:app``. See docs/worker.md.
+
+Example:
+    from sa_outbox import JobApp, JobContext, Worker
+
+    app = JobApp(Job)
+
+    @app.handler("send-email", timeout=30)
+    def send_email(job: JobContext) -> None:
+        mailer.send(job.payload["to"], idempotency_key=str(job.id))
+
+    Worker(app, engine, queues=["default", "emails"], concurrency=16).run()
+"""
+
+from .aio import AsyncWorker
+from .context import CancelReason, CancelToken, JobContext
+from .errors import InvalidPayload, JobCancelled, JobTimeout, PermanentError, UnknownJobKind
+from .metrics import CountingMetrics, JobOutcome, WorkerMetrics
+from .reclaimer import AsyncReclaimer, Reclaimer
+from .registry import Handler, HandlerSpec, JobApp, backoff_wait
+from .sync import Worker
+
+__all__ = [
+    "AsyncReclaimer",
+    "AsyncWorker",
+    "CancelReason",
+    "CancelToken",
+    "CountingMetrics",
+    "Handler",
+    "HandlerSpec",
+    "InvalidPayload",
+    "JobApp",
+    "JobCancelled",
+    "JobContext",
+    "JobOutcome",
+    "JobTimeout",
+    "PermanentError",
+    "Reclaimer",
+    "UnknownJobKind",
+    "Worker",
+    "WorkerMetrics",
+    "backoff_wait",
+]

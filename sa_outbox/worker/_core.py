@@ -1,0 +1,656 @@
+"""The worker's logic, written once for `Worker` (threads) and `AsyncWorker` (asyncio).
+
+`Core` holds what a worker knows: the jobs it holds (each with its lease and cancel token),
+the results waiting to be written, how many handlers are busy. It decides when to claim and
+when to write, classifies a handler's exception, expires timeouts, and builds the one
+operation that writes a batch of results and claims the next batch in a single transaction
+(a generator over statements, driven sync or async like the executors'). It does no I/O and
+takes no locks: the sync driver calls it under its lock, the async one from its event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import logging
+import os
+import random
+import socket
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from .. import statements as st
+from .._exceptions import InvalidArgument, InvalidArgumentType, LeaseLost
+from .._executors import Op, _JobOps
+from .._results import BatchResult, ClaimedJob
+from .._validation import count, duration, name_filter, text
+from ..schema import JobStatus
+from .context import CancelReason, JobContext
+from .errors import InvalidPayload, JobCancelled, JobTimeout, PermanentError, UnknownJobKind
+from .metrics import JobOutcome, WorkerMetrics
+from .registry import HandlerSpec, JobApp
+
+log = logging.getLogger("sa_outbox.worker")
+
+Pair = tuple[uuid.UUID, uuid.UUID]
+
+
+def default_worker_id() -> str:
+    """``host:pid:random``, unique enough to tell workers apart in ``worker_id``.
+
+    Example:
+        >>> default_worker_id().count(":")
+        2
+    """
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def _seconds(value: dt.timedelta | float, what: str, *, allow_zero: bool = False) -> float:
+    return duration(value, what, allow_zero=allow_zero).total_seconds()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    """A worker's options, checked (see `Worker` for what each means)."""
+
+    worker_id: str
+    queues: tuple[str, ...] | None
+    kinds: tuple[str, ...] | None
+    concurrency: int
+    batch: int
+    lease: float
+    heartbeat_interval: float
+    poll_interval: float
+    listen: bool
+    ack_delay: float
+    ack_batch: int
+    grace: float
+    reclaim_interval: float | None
+    max_error_chars: int
+
+    @property
+    def refill(self) -> int:
+        """While there is a backlog, claim again once this many slots are free."""
+        return max(1, min(self.batch, self.concurrency) // 2)
+
+
+def make_settings(
+    *,
+    worker_id: str | None,
+    queues: str | Sequence[str] | None,
+    kinds: str | Sequence[str] | None,
+    concurrency: int,
+    batch: int | None,
+    lease: dt.timedelta | float,
+    heartbeat_interval: dt.timedelta | float | None,
+    poll_interval: dt.timedelta | float,
+    listen: bool,
+    ack_delay: dt.timedelta | float,
+    ack_batch: int | None,
+    grace: dt.timedelta | float,
+    reclaim: bool,
+    reclaim_interval: dt.timedelta | float | None,
+    max_error_chars: int,
+) -> Settings:
+    """Check a worker's options before anything runs; errors name the option."""
+    workers = count(concurrency, "concurrency", maximum=1000)
+    size = count(batch if batch is not None else workers, "batch")
+    lease_s = _seconds(lease, "lease")
+    beat = (
+        lease_s / 3
+        if heartbeat_interval is None
+        else _seconds(heartbeat_interval, "heartbeat_interval")
+    )
+    if beat >= lease_s:
+        raise InvalidArgument(
+            f"heartbeat_interval ({beat} s) must be shorter than the lease ({lease_s} s)"
+        )
+    reclaim_s = None
+    if reclaim:
+        reclaim_s = (
+            lease_s / 2
+            if reclaim_interval is None
+            else _seconds(reclaim_interval, "reclaim_interval")
+        )
+    return Settings(
+        worker_id=text(worker_id if worker_id is not None else default_worker_id(), "worker_id"),
+        queues=name_filter(queues, "queues"),
+        kinds=name_filter(kinds, "kinds"),
+        concurrency=workers,
+        batch=size,
+        lease=lease_s,
+        heartbeat_interval=beat,
+        poll_interval=_seconds(poll_interval, "poll_interval"),
+        listen=bool(listen),
+        ack_delay=_seconds(ack_delay, "ack_delay", allow_zero=True),
+        ack_batch=count(ack_batch if ack_batch is not None else size, "ack_batch"),
+        grace=_seconds(grace, "grace", allow_zero=True),
+        reclaim_interval=reclaim_s,
+        max_error_chars=count(max_error_chars, "max_error_chars", minimum=100, maximum=1 << 20),
+    )
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a database error is worth retrying after a reconnect (connection lost, server
+    restarting or refusing connections, serialization failure, pool timeout).
+
+    Example:
+        >>> is_transient(ValueError("no"))
+        False
+    """
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(error, OperationalError | InterfaceError | PoolTimeout):
+        return True
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        return False
+    return isinstance(error, psycopg.OperationalError | psycopg.InterfaceError)
+
+
+def error_text(error: BaseException, limit: int) -> str:
+    """``last_error`` for an exception: its type and message, then the traceback's head.
+
+    Example:
+        >>> try:
+        ...     raise ValueError("bad input")
+        ... except ValueError as exc:
+        ...     print(error_text(exc, 4000).splitlines()[0])
+        ValueError: bad input
+    """
+    kind = type(error)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    head = f"{name}: {error}"
+    if error.__traceback__ is not None:
+        head += "\n" + "".join(traceback.format_exception(error)).rstrip()
+    if len(head) > limit:
+        head = head[: limit - 15].rstrip() + "\n… (truncated)"
+    return head
+
+
+class Action(enum.Enum):
+    COMPLETE = "complete"
+    RETRY = "retry"
+    FAIL = "fail"
+    RELEASE = "release"
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Entry:
+    """A job this worker holds, from its claim until its result is written."""
+
+    job: ClaimedJob
+    context: JobContext
+    spec: HandlerSpec | None
+    claimed_at: float
+    lease_deadline: float
+    deadline: float | None = None
+    started: float | None = None
+    running: bool = False
+    abandoned: bool = False
+    task: Any = None  # the asyncio task running it, for AsyncWorker
+
+    @property
+    def pair(self) -> Pair:
+        return (self.job.id, self.job.lease_token)
+
+
+@dataclasses.dataclass(slots=True)
+class Result:
+    """What to write for one job."""
+
+    entry: Entry
+    action: Action
+    error: str | None = None
+    delay: dt.timedelta | None = None
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass(slots=True)
+class Written:
+    """What one write transaction did."""
+
+    outcomes: list[tuple[Result, JobOutcome]]
+    claimed: list[ClaimedJob]
+
+
+class Core:
+    """The state and decisions of one worker (see the module documentation)."""
+
+    def __init__(
+        self,
+        app: JobApp,
+        ops: _JobOps,
+        settings: Settings,
+        metrics: WorkerMetrics | None,
+        timer: Callable[[], float],
+    ) -> None:
+        self.app = app
+        self.ops = ops
+        self.settings = settings
+        self.metrics = metrics
+        self.timer = timer
+        self.in_flight: dict[Pair, Entry] = {}
+        self.results: list[Result] = []
+        self.first_result_at: float | None = None
+        self.busy = 0
+        self.notified = True  # claim at once when starting
+        self.notifications = 0  # counts wake-ups, so one during a claim is not forgotten
+        self.backlog = False
+        self.next_poll = timer()
+        self.stopping = False
+        self.claim_options: dict[str, Any] = {
+            "worker_id": settings.worker_id,
+            "lease": settings.lease,
+            "queues": settings.queues,
+            "kinds": settings.kinds,
+        }
+        self._wanted_queues = None if settings.queues is None else frozenset(settings.queues)
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    def hook(self, name: str, *args: Any) -> None:
+        """Call a metrics hook; a hook that raises is logged, never fatal."""
+        if self.metrics is None:
+            return
+        try:
+            getattr(self.metrics, name)(*args)
+        except Exception:
+            log.exception("metrics hook %s raised", name)
+
+    # -- claiming ------------------------------------------------------------------------
+
+    def free(self) -> int:
+        return self.settings.concurrency - self.busy
+
+    def claim_size(self, now: float) -> int:
+        """How many jobs to claim now (0: not now)."""
+        if self.stopping:
+            return 0
+        free = self.free()
+        if free <= 0:
+            return 0
+        if (
+            (self.backlog and free >= self.settings.refill)
+            or self.notified
+            or now >= self.next_poll
+        ):
+            return min(self.settings.batch, free)
+        return 0
+
+    def on_notify(self, payload: str) -> bool:
+        """A notification arrived; True if it concerns a queue this worker serves."""
+        if self._wanted_queues is not None:
+            named = st.parse_notify_payload(payload)
+            if named is not None and not named & self._wanted_queues:
+                return False
+        self.wake()
+        return True
+
+    def wake(self) -> None:
+        """Claim at the next occasion (jobs may have arrived)."""
+        self.notified = True
+        self.notifications += 1
+
+    def admit(
+        self,
+        jobs: Sequence[ClaimedJob],
+        requested: int,
+        claimed_at: float,
+        notifications: int | None = None,
+    ) -> list[Entry]:
+        """Take claimed jobs in; returns those to start (unknown kinds fail at once).
+
+        ``notifications`` is what the counter was when the claim began: a notification that
+        came in while the claim ran may be about jobs the claim could not see yet.
+        """
+        if requested:
+            self.backlog = len(jobs) >= requested
+            self.notified = notifications is not None and notifications != self.notifications
+            self.next_poll = self.timer() + self.settings.poll_interval
+        start: list[Entry] = []
+        for job in jobs:
+            spec = self.app.get(job.kind)
+            entry = Entry(
+                job=job,
+                context=JobContext(job, check=self._check_followup),
+                spec=spec,
+                claimed_at=claimed_at,
+                lease_deadline=claimed_at + self.settings.lease,
+            )
+            self.in_flight[entry.pair] = entry
+            if spec is None:
+                known = ", ".join(self.app.kinds) or "none"
+                error = UnknownJobKind(
+                    f"no handler for job kind {job.kind!r} on worker {self.settings.worker_id} "
+                    f"(handlers: {known})"
+                )
+                self.add(Result(entry, Action.FAIL, error_text(error, 4000)))
+                continue
+            entry.running = True
+            self.busy += 1
+            start.append(entry)
+        return start
+
+    def _check_followup(self, job: st.NewJob) -> object:
+        return st.enqueue_jobs(
+            self.ops.table,
+            [job],
+            dumps=self.ops.dumps,
+            max_payload_bytes=self.ops.max_payload_bytes,
+        )
+
+    # -- running -------------------------------------------------------------------------
+
+    def begin(self, entry: Entry) -> None:
+        """The handler starts now: its timeout starts now too."""
+        entry.started = self.timer()
+        if entry.spec is not None and entry.spec.timeout is not None:
+            entry.deadline = entry.started + entry.spec.timeout
+
+    @staticmethod
+    def parse(entry: Entry) -> None:
+        """Run the kind's ``parse`` on the payload; a refusal is `InvalidPayload`."""
+        spec = entry.spec
+        if spec is not None and spec.parse is not None:
+            try:
+                entry.context.payload = spec.parse(entry.job.payload)
+            except Exception as exc:
+                raise InvalidPayload(
+                    f"payload of job kind {entry.job.kind!r} is invalid: {exc}"
+                ) from exc
+
+    def finished(self, entry: Entry, error: BaseException | None) -> None:
+        """A handler returned (``error`` None) or raised: decide what to write."""
+        entry.running = False
+        self.busy -= 1
+        if entry.abandoned:
+            log.info(
+                "job %s (%s) finished after it was given up (%s); its result is dropped",
+                entry.job.id,
+                entry.job.kind,
+                entry.context.cancel.reason,
+            )
+            return
+        seconds = self.timer() - (entry.started or entry.claimed_at)
+        cancel = entry.context.cancel
+        spec = entry.spec
+        if error is None:
+            self.add(Result(entry, Action.COMPLETE, seconds=seconds))
+        elif isinstance(error, JobCancelled) and cancel.cancelled:
+            self.add(Result(entry, Action.RELEASE, seconds=seconds))
+        elif isinstance(error, PermanentError) or (
+            spec is not None and spec.permanent and isinstance(error, spec.permanent)
+        ):
+            self.add(
+                Result(
+                    entry,
+                    Action.FAIL,
+                    error_text(error, self.settings.max_error_chars),
+                    None,
+                    seconds,
+                )
+            )
+        else:
+            delay = spec.retry_delay(entry.job.attempts) if spec is not None else None
+            log.info(
+                "job %s (%s) attempt %d/%d raised %s: %s",
+                entry.job.id,
+                entry.job.kind,
+                entry.job.attempts,
+                entry.job.max_attempts,
+                type(error).__name__,
+                error,
+            )
+            self.add(
+                Result(
+                    entry,
+                    Action.RETRY,
+                    error_text(error, self.settings.max_error_chars),
+                    delay,
+                    seconds,
+                )
+            )
+
+    def add(self, result: Result) -> None:
+        if not self.results:
+            self.first_result_at = self.timer()
+        self.results.append(result)
+
+    def expire(self, now: float) -> list[Entry]:
+        """Give up the jobs that ran past their kind's timeout: cancel, and retry them."""
+        expired = []
+        for entry in self.in_flight.values():
+            if (
+                entry.running
+                and not entry.abandoned
+                and entry.deadline is not None
+                and now >= entry.deadline
+            ):
+                spec = entry.spec
+                assert spec is not None
+                assert spec.timeout is not None
+                entry.abandoned = True
+                entry.context.cancel.cancel(CancelReason.TIMEOUT)
+                error = JobTimeout(
+                    f"job kind {entry.job.kind!r} ran longer than its timeout of {spec.timeout:g} s"
+                )
+                log.warning("job %s: %s; it will be retried", entry.job.id, error)
+                delay = spec.retry_delay(entry.job.attempts)
+                seconds = now - (entry.started or entry.claimed_at)
+                self.add(Result(entry, Action.RETRY, error_text(error, 4000), delay, seconds))
+                expired.append(entry)
+        return expired
+
+    # -- writing -------------------------------------------------------------------------
+
+    def should_write(self, now: float, claim: int) -> bool:
+        if not self.results:
+            return False
+        return (
+            claim > 0
+            or self.stopping
+            or self.busy == 0
+            or len(self.results) >= self.settings.ack_batch
+            or (
+                self.first_result_at is not None
+                and now >= self.first_result_at + self.settings.ack_delay
+            )
+        )
+
+    def take_results(self) -> list[Result]:
+        results, self.results = self.results, []
+        self.first_result_at = None
+        return results
+
+    def write_op(self, results: Sequence[Result], claim: int) -> Op[Written]:
+        """Write ``results`` and claim up to ``claim`` jobs: one transaction, one commit."""
+        ops = self.ops
+        outcomes: list[tuple[Result, JobOutcome]] = []
+        completes = [r for r in results if r.action is Action.COMPLETE]
+        if completes:
+            rows = yield st.complete_jobs(
+                ops.table, [r.entry.pair for r in completes], clock=ops.clock
+            )
+            done = {(row[0], row[1]) for row in rows}
+            followups = []
+            for result in completes:
+                ok = result.entry.pair in done
+                outcomes.append((result, JobOutcome.SUCCEEDED if ok else JobOutcome.LOST))
+                if ok:
+                    followups.extend(result.entry.context.followups)
+            if followups:
+                yield from ops.enqueue_many(followups)
+        releases = [r for r in results if r.action is Action.RELEASE]
+        if releases:
+            batch = yield from ops.release_many([r.entry.pair for r in releases])
+            released = set(batch.done)
+            outcomes.extend(
+                (r, JobOutcome.RELEASED if r.entry.job.id in released else JobOutcome.LOST)
+                for r in releases
+            )
+        for result in results:
+            job = result.entry.job
+            try:
+                if result.action is Action.RETRY:
+                    retried = yield from ops.retry(
+                        job.id, job.lease_token, result.error, result.delay
+                    )
+                    pending = retried.status is JobStatus.PENDING
+                    outcomes.append((result, JobOutcome.RETRIED if pending else JobOutcome.FAILED))
+                elif result.action is Action.FAIL:
+                    yield from ops.fail(job.id, job.lease_token, result.error)
+                    outcomes.append((result, JobOutcome.FAILED))
+            except LeaseLost:
+                outcomes.append((result, JobOutcome.LOST))
+        claimed: list[ClaimedJob] = []
+        if claim:
+            claimed = yield from ops.claim({**self.claim_options, "batch": claim})
+        return Written(outcomes, claimed)
+
+    def written(self, written: Written) -> None:
+        """A write committed: forget the written jobs and report their outcomes."""
+        for result, outcome in written.outcomes:
+            entry = result.entry
+            self.in_flight.pop(entry.pair, None)
+            if outcome is JobOutcome.LOST:
+                log.warning(
+                    "job %s (%s): lease lost before its result (%s) was written; the row was "
+                    "left as it is",
+                    entry.job.id,
+                    entry.job.kind,
+                    result.action.value,
+                )
+            elif outcome is JobOutcome.FAILED:
+                log.warning(
+                    "job %s (%s) failed: %s",
+                    entry.job.id,
+                    entry.job.kind,
+                    (result.error or "").splitlines()[0],
+                )
+            self.hook("job_finished", entry.job.kind, outcome, result.seconds)
+
+    def dropped(self, results: Sequence[Result]) -> None:
+        """Results that could not be written (the database stayed away): the leases expire
+        and the reclaimer returns the jobs; forget them here."""
+        for result in results:
+            self.in_flight.pop(result.entry.pair, None)
+        if results:
+            log.error(
+                "%d job results could not be written; those jobs run again once their lease "
+                "expires",
+                len(results),
+            )
+
+    # -- heartbeats ----------------------------------------------------------------------
+
+    def heartbeat_pairs(self) -> list[Pair]:
+        return list(self.in_flight)
+
+    def heartbeat_op(self, pairs: Sequence[Pair]) -> Op[BatchResult]:
+        return self.ops.heartbeat_many(pairs, self.settings.lease)
+
+    def beaten(self, pairs: Sequence[Pair], result: BatchResult, sent_at: float) -> int:
+        """A heartbeat returned: move the local lease deadlines, cancel the lost; returns how
+        many of the jobs still held were found lost."""
+        lost_ids = set(result.lost)
+        lost = 0
+        for pair in pairs:
+            entry = self.in_flight.get(pair)
+            if entry is None:
+                continue
+            if pair[0] in lost_ids:
+                # A job whose result waits to be written: the fenced write will tell.
+                if entry.running and entry.context.cancel.cancel(CancelReason.LEASE_LOST):
+                    lost += 1
+                    log.warning(
+                        "job %s (%s): heartbeat found the lease lost; its handler is cancelled",
+                        entry.job.id,
+                        entry.job.kind,
+                    )
+            else:
+                entry.lease_deadline = sent_at + self.settings.lease
+        return lost
+
+    def expire_leases(self, now: float) -> int:
+        """Cancel the jobs whose lease may have expired because heartbeats failed."""
+        lost = 0
+        for entry in self.in_flight.values():
+            if (
+                entry.running
+                and now >= entry.lease_deadline
+                and entry.context.cancel.cancel(CancelReason.LEASE_LOST)
+            ):
+                lost += 1
+                log.warning(
+                    "job %s (%s): no heartbeat renewed its lease in time; its handler is cancelled",
+                    entry.job.id,
+                    entry.job.kind,
+                )
+        return lost
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def begin_shutdown(self) -> None:
+        """Stop claiming, and tell the running handlers that shutdown was asked."""
+        self.stopping = True
+        for entry in self.in_flight.values():
+            if entry.running:
+                entry.context.cancel.cancel(CancelReason.SHUTDOWN)
+
+    def abandon_running(self) -> list[Entry]:
+        """The grace period is over: release what still runs (no attempt counted)."""
+        abandoned = []
+        now = self.timer()
+        for entry in self.in_flight.values():
+            if entry.running and not entry.abandoned:
+                entry.abandoned = True
+                entry.context.cancel.cancel(CancelReason.SHUTDOWN)
+                seconds = now - (entry.started or entry.claimed_at)
+                self.add(Result(entry, Action.RELEASE, seconds=seconds))
+                abandoned.append(entry)
+        if abandoned:
+            log.warning(
+                "grace period over: releasing %d running jobs back to pending", len(abandoned)
+            )
+        return abandoned
+
+    # -- timing --------------------------------------------------------------------------
+
+    def next_wakeup(self, now: float) -> float | None:
+        """Seconds until something is due (a poll, an ack, a timeout); None: nothing."""
+        due: list[float] = []
+        if not self.stopping and self.free() > 0:
+            due.append(self.next_poll)
+        if self.first_result_at is not None:
+            due.append(self.first_result_at + self.settings.ack_delay)
+        due.extend(
+            e.deadline
+            for e in self.in_flight.values()
+            if e.deadline is not None and e.running and not e.abandoned
+        )
+        return max(0.0, min(due) - now) if due else None
+
+
+def jittered(seconds: float) -> float:
+    """``seconds`` ± 20 %, so that workers started together spread their reclaims."""
+    return seconds * random.uniform(0.8, 1.2)
+
+
+def check_engine(engine: object, what: str) -> None:
+    if not isinstance(engine, Engine):
+        raise InvalidArgumentType(
+            f"{what} needs a sync Engine (create_engine), got {type(engine).__name__}"
+        )

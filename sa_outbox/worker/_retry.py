@@ -1,0 +1,100 @@
+"""Reconnecting with backoff (tenacity): how every runtime survives a database that went away.
+
+A transient error (`is_transient`: the connection was lost, the server is restarting or
+refuses connections, a serialization failure) is retried after an exponential backoff with
+jitter; anything else propagates. ``stop`` says when to give up (a hard stop, or a shutdown
+whose deadline passed); ``sleep`` waits and can be cut short.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import tenacity
+from tenacity.wait import wait_base
+
+from ._core import is_transient
+
+log = logging.getLogger("sa_outbox.worker")
+
+#: 50 ms, doubling, up to 5 s, plus up to 100 ms of jitter: quick after a blip, gentle on a
+#: server that is down, and workers that lost the server together do not return together.
+DEFAULT_RECONNECT_WAIT: wait_base = tenacity.wait_exponential(
+    multiplier=0.05, max=5.0
+) + tenacity.wait_random(0, 0.1)
+
+
+def _before_sleep(
+    operation: str, report: Callable[[str, BaseException], None]
+) -> Callable[[tenacity.RetryCallState], None]:
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        if error is not None:
+            report(operation, error)
+        log.warning(
+            "database unavailable during %s (%s: %s); retry %d in %.2f s",
+            operation,
+            type(error).__name__,
+            str(error).strip().splitlines()[0] if error is not None and str(error) else "",
+            state.attempt_number,
+            wait,
+        )
+
+    return before_sleep
+
+
+def retrying(
+    operation: str,
+    *,
+    stop: Callable[[], bool],
+    sleep: Callable[[float], None],
+    report: Callable[[str, BaseException], None],
+    wait: wait_base = DEFAULT_RECONNECT_WAIT,
+) -> tenacity.Retrying:
+    """A tenacity `Retrying` for one sync database operation.
+
+    Example:
+        >>> r = retrying("claim", stop=lambda: False, sleep=lambda s: None,
+        ...              report=lambda op, e: None)
+        >>> r(lambda: 42)
+        42
+    """
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        wait=wait,
+        stop=lambda state: stop(),
+        sleep=sleep,
+        before_sleep=_before_sleep(operation, report),
+        reraise=True,
+    )
+
+
+def async_retrying(
+    operation: str,
+    *,
+    stop: Callable[[], bool],
+    sleep: Callable[[float], Awaitable[None]],
+    report: Callable[[str, BaseException], None],
+    wait: wait_base = DEFAULT_RECONNECT_WAIT,
+) -> tenacity.AsyncRetrying:
+    """`retrying` for asyncio.
+
+    Example:
+        >>> import asyncio
+        >>> async def sleep(s): pass
+        >>> async def answer(): return 42
+        >>> r = async_retrying("claim", stop=lambda: False, sleep=sleep,
+        ...                    report=lambda op, e: None)
+        >>> asyncio.run(r(answer))
+        42
+    """
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        wait=wait,
+        stop=lambda state: stop(),
+        sleep=sleep,
+        before_sleep=_before_sleep(operation, report),
+        reraise=True,
+    )

@@ -1,0 +1,533 @@
+"""`AsyncWorker`: the job queue's runtime on asyncio, over an `AsyncEngine` (psycopg).
+
+The same logic as `Worker` (`sa_outbox.worker._core`), driven by one event loop: ``async
+def`` handlers run as tasks (``concurrency`` at a time), plain functions in a pool of
+``concurrency`` daemon threads. See docs/worker.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .._clock import Clock
+from .._exceptions import InvalidArgumentType
+from .._executors import Op, _adrive, _JobOps
+from .._results import BatchResult, ReclaimedJob
+from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
+from ._core import Core, Entry, Result, Written, jittered, make_settings
+from ._retry import async_retrying
+from ._threads import DaemonPool
+from .context import JobContext
+from .listen import AsyncListener
+from .metrics import WorkerMetrics
+from .reclaimer import AsyncReclaimer
+from .registry import JobApp
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["AsyncWorker"]
+
+log = logging.getLogger("sa_outbox.worker")
+T = TypeVar("T")
+
+
+class AsyncWorker:
+    """`Worker` for asyncio: the same options, behaviour and step-by-step methods, awaited.
+
+    ``async def`` handlers run as tasks of the worker's loop; a timeout cancels the task
+    (``asyncio.CancelledError`` inside the handler), so does the end of the grace period.
+    Plain (sync) handlers run in threads, where, as in `Worker`, a timeout cancels the job's
+    token. Signals (SIGTERM, SIGINT) are handled when `run` runs in the main thread.
+
+    Example:
+        worker = AsyncWorker(app, async_engine, queues="emails", concurrency=50)
+        await worker.run()
+    """
+
+    def __init__(
+        self,
+        app: JobApp,
+        engine: AsyncEngine,
+        *,
+        queues: str | Sequence[str] | None = None,
+        kinds: str | Sequence[str] | None = None,
+        concurrency: int = 10,
+        batch: int | None = None,
+        lease: dt.timedelta | float = DEFAULT_LEASE,
+        heartbeat_interval: dt.timedelta | float | None = None,
+        poll_interval: dt.timedelta | float = 1.0,
+        listen: bool = True,
+        ack_delay: dt.timedelta | float = 0.005,
+        ack_batch: int | None = None,
+        grace: dt.timedelta | float = 10.0,
+        reclaim: bool = True,
+        reclaim_interval: dt.timedelta | float | None = None,
+        worker_id: str | None = None,
+        metrics: WorkerMetrics | None = None,
+        clock: Clock | None = None,
+        timer: Callable[[], float] = time.monotonic,
+        install_signal_handlers: bool = True,
+        max_error_chars: int = 4000,
+    ) -> None:
+        if not isinstance(app, JobApp):
+            raise InvalidArgumentType(f"AsyncWorker needs a JobApp, got {type(app).__name__}")
+        if not hasattr(engine, "sync_engine"):
+            raise InvalidArgumentType(
+                "AsyncWorker needs an AsyncEngine (create_async_engine), "
+                f"got {type(engine).__name__}"
+            )
+        self.app = app
+        self.engine = engine
+        self.settings = make_settings(
+            worker_id=worker_id,
+            queues=queues,
+            kinds=kinds,
+            concurrency=concurrency,
+            batch=batch,
+            lease=lease,
+            heartbeat_interval=heartbeat_interval,
+            poll_interval=poll_interval,
+            listen=listen,
+            ack_delay=ack_delay,
+            ack_batch=ack_batch,
+            grace=grace,
+            reclaim=reclaim,
+            reclaim_interval=reclaim_interval,
+            max_error_chars=max_error_chars,
+        )
+        ops = _JobOps(
+            app.model,
+            clock=clock,
+            backoff=app.backoff,
+            dumps=None,
+            max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES,
+        )
+        self.timer = timer
+        self.core = Core(app, ops, self.settings, metrics, timer)
+        self.reclaimer = AsyncReclaimer(
+            app,
+            engine,
+            interval=self.settings.reclaim_interval or 1.0,
+            clock=clock,
+            metrics=metrics,
+        )
+        self.install_signal_handlers = install_signal_handlers
+        self._wake = asyncio.Event()
+        self._finished = asyncio.Event()
+        self._hard_stop = asyncio.Event()
+        self._keeper_stop = asyncio.Event()
+        self._stop_requested = False
+        self._give_up_at: float | None = None
+        self._threads: DaemonPool | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._running = False
+        self.listener: AsyncListener | None = None
+        #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
+        self.listening = asyncio.Event()
+
+    @property
+    def worker_id(self) -> str:
+        """The id this worker claims under."""
+        return self.settings.worker_id
+
+    def __repr__(self) -> str:
+        return f"AsyncWorker({self.app!r}, worker_id={self.worker_id!r})"
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Work until `stop` (or SIGTERM / SIGINT), then shut down gracefully.
+
+        Example:
+            asyncio.run(AsyncWorker(app, async_engine).run())
+        """
+        if self._running:
+            raise RuntimeError("this worker is already running")
+        self._running = True
+        self._stop_requested = False
+        self._give_up_at = None
+        self._hard_stop.clear()
+        self._keeper_stop.clear()
+        restore = self._install_signals() if self.install_signal_handlers else None
+        s = self.settings
+        log.info(
+            "async worker %s: queues %s, kinds %s, concurrency %d, batch %d, lease %g s",
+            s.worker_id,
+            list(s.queues) if s.queues else "all",
+            list(s.kinds) if s.kinds else "all",
+            s.concurrency,
+            s.batch,
+            s.lease,
+        )
+        keeper = asyncio.get_running_loop().create_task(self._keep(), name="sa-outbox-keeper")
+        try:
+            if s.listen:
+                self._start_listener()
+            try:
+                await self._loop()
+            except asyncio.CancelledError:
+                # The task running us was cancelled: release what we hold, then go.
+                self.stop(now=True)
+                with contextlib.suppress(Exception):
+                    await self._shutdown_now()
+                raise
+        finally:
+            self._keeper_stop.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+            if self.listener is not None:
+                await self.listener.stop()
+                self.listener = None
+            if restore is not None:
+                restore()
+            self.close()
+            self._running = False
+            log.info("async worker %s stopped", s.worker_id)
+
+    async def _loop(self) -> None:
+        core = self.core
+        grace_over: float | None = None
+        while True:
+            self._wake.clear()
+            now = self.timer()
+            if self._stop_requested and not core.stopping:
+                core.begin_shutdown()
+                grace_over = now + self.settings.grace
+                log.info(
+                    "async worker %s: stopping; %d running jobs have %g s to finish",
+                    self.worker_id,
+                    core.busy,
+                    self.settings.grace,
+                )
+            if core.stopping:
+                assert grace_over is not None
+                if self._hard_stop.is_set() or now >= grace_over:
+                    self._cancel(core.abandon_running())
+                    break
+                if core.busy == 0 and not core.results:
+                    break
+            self._cancel(core.expire(now))
+            claim = core.claim_size(now)
+            if not claim and not core.should_write(now, claim):
+                wait = core.next_wakeup(now)
+                if grace_over is not None:
+                    wait = min(wait if wait is not None else grace_over, grace_over - now)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                continue
+            if not await self._write_or_give_up(core.take_results(), claim):
+                return
+        results = core.take_results()
+        if results:
+            await self._write_or_give_up(results, 0)
+
+    async def _shutdown_now(self) -> None:
+        self._cancel(self.core.abandon_running())
+        results = self.core.take_results()
+        if results:
+            await self._write_or_give_up(results, 0)
+
+    async def _write_or_give_up(self, results: list[Result], claim: int) -> bool:
+        try:
+            await self._write(results, claim)
+        except Exception as exc:
+            if not self._stop_retrying():
+                raise
+            log.error(
+                "async worker %s: giving up writing while stopping (%s: %s)",
+                self.worker_id,
+                type(exc).__name__,
+                exc,
+            )
+            return False
+        return True
+
+    async def _write(self, results: list[Result], claim: int) -> int:
+        started = self.timer()
+        notifications = self.core.notifications
+        try:
+            written: Written = await self._database(
+                "write", lambda: self.core.write_op(results, claim)
+            )
+        except BaseException:
+            self.core.dropped(results)
+            raise
+        self.core.written(written)
+        entries = self.core.admit(written.claimed, claim, started, notifications)
+        self.core.hook(
+            "batch_written", len(written.outcomes), len(written.claimed), self.timer() - started
+        )
+        for entry in entries:
+            self._start(entry)
+        return len(written.claimed)
+
+    async def _database(self, operation: str, op: Callable[[], Op[T]]) -> T:
+        async def attempt() -> T:
+            async with self.engine.begin() as conn:
+                return await _adrive(conn, op())
+
+        retrying = async_retrying(
+            operation, stop=self._stop_retrying, sleep=self._sleep, report=self._report_error
+        )
+        return await retrying(attempt)
+
+    def _stop_retrying(self) -> bool:
+        return self._give_up_at is not None and self.timer() >= self._give_up_at
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._hard_stop.wait(), seconds)
+
+    def _report_error(self, operation: str, error: BaseException) -> None:
+        self.core.hook("database_error", operation, error)
+
+    # -- handlers ------------------------------------------------------------------------
+
+    def _start(self, entry: Entry) -> None:
+        task = asyncio.get_running_loop().create_task(self._execute(entry))
+        entry.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _execute(self, entry: Entry) -> None:
+        error: BaseException | None = None
+        self.core.begin(entry)
+        try:
+            self.core.parse(entry)
+            assert entry.spec is not None
+            if entry.spec.is_async:
+                await entry.spec.function(entry.context)
+            else:
+                await self._in_thread(entry.spec.function, entry.context)
+        except BaseException as exc:  # CancelledError too: the task ends here either way
+            error = exc
+        self.core.finished(entry, error)
+        self._wake.set()
+        self._finished.set()
+
+    async def _in_thread(self, function: Callable[[JobContext], Any], job: JobContext) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+        def call() -> None:
+            error: BaseException | None = None
+            try:
+                function(job)
+            except BaseException as exc:
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                loop.call_soon_threadsafe(settle, error)
+
+        if self._threads is None:
+            self._threads = DaemonPool(self.settings.concurrency, "sa-outbox-handler")
+        self._threads.submit(call)
+        await future  # never cancelled (see _cancel): the slot stays busy while the thread runs
+
+    def _cancel(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            if entry.spec is not None and entry.spec.is_async and entry.task is not None:
+                entry.task.cancel()
+
+    # -- the keeper ----------------------------------------------------------------------
+
+    async def _keep(self) -> None:
+        s = self.settings
+        next_beat = self.timer() + s.heartbeat_interval
+        next_reclaim = self.timer() + (s.reclaim_interval or 0.0) / 4
+        while not self._keeper_stop.is_set():
+            now = self.timer()
+            if now >= next_beat:
+                try:
+                    await self.heartbeat()
+                    next_beat = now + s.heartbeat_interval
+                except Exception as exc:
+                    self._report_error("heartbeat", exc)
+                    log.warning("heartbeat failed (%s: %s)", type(exc).__name__, exc)
+                    next_beat = now + min(s.heartbeat_interval, 1.0)
+            if s.reclaim_interval is not None and now >= next_reclaim:
+                try:
+                    await self.reclaim()
+                except Exception as exc:
+                    self._report_error("reclaim", exc)
+                    log.warning("reclaim failed (%s: %s)", type(exc).__name__, exc)
+                next_reclaim = now + jittered(s.reclaim_interval)
+            due = min(next_beat, next_reclaim if s.reclaim_interval is not None else next_beat)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._keeper_stop.wait(), max(0.0, due - self.timer()))
+
+    # -- the listener --------------------------------------------------------------------
+
+    def _start_listener(self) -> None:
+        dialect = self.engine.dialect
+        if dialect.driver != "psycopg":
+            log.warning(
+                "LISTEN needs the psycopg driver (the engine uses %s): polling every %g s",
+                dialect.driver,
+                self.settings.poll_interval,
+            )
+            return
+        import psycopg
+
+        args, kwargs = dialect.create_connect_args(self.engine.url)
+
+        async def connect() -> Any:
+            return await psycopg.AsyncConnection.connect(*args, **kwargs)
+
+        async def channel() -> str | None:
+            async with self.engine.begin() as conn:
+                return await _adrive(conn, self.core.ops.notify_channel())
+
+        self.listener = AsyncListener(
+            connect,
+            channel,
+            on_notify=self._notified,
+            on_connect=self._listening,
+            listening=self.listening,
+        )
+        self.listener.start()
+
+    def _notified(self, payload: str) -> None:
+        if self.core.on_notify(payload):
+            self._wake.set()
+
+    def _listening(self) -> None:
+        self.core.wake()  # what was sent while nobody listened is lost: claim now
+        self._wake.set()
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def stop(self, *, now: bool = False) -> None:
+        """Ask `run` to stop gracefully (``now=True``: skip the grace period).
+
+        Call it from the worker's event loop (``loop.call_soon_threadsafe(worker.stop)``
+        from another thread).
+
+        Example:
+            asyncio.get_running_loop().call_later(60, worker.stop)
+            await worker.run()
+        """
+        if self._stop_requested or now:
+            self._hard_stop.set()
+            self._give_up_at = self.timer()
+        elif self._give_up_at is None:
+            self._give_up_at = self.timer() + self.settings.grace + max(self.settings.grace, 5)
+        self._stop_requested = True
+        self._wake.set()
+
+    def _install_signals(self) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        loop = asyncio.get_running_loop()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for sig in previous:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not a Unix loop
+            return None
+
+        def restore() -> None:
+            for sig, old in previous.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, old)
+
+        return restore
+
+    def _on_signal(self, signum: int) -> None:
+        log.info("async worker %s: %s received", self.worker_id, signal.Signals(signum).name)
+        self.stop()
+
+    def close(self) -> None:
+        """Stop the handler threads (after their current job); `run` does it on return.
+
+        Example:
+            worker.close()
+        """
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.close()
+
+    # -- step by step --------------------------------------------------------------------
+
+    async def claim(self) -> int:
+        """See `Worker.claim`."""
+        claim = max(0, min(self.settings.batch, self.core.free()))
+        return await self._write(self.core.take_results(), claim)
+
+    async def wait_for_handlers(self, timeout: float | None = None) -> bool:
+        """See `Worker.wait_for_handlers`."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.core.busy:
+                    self._finished.clear()
+                    await self._finished.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def flush(self) -> int:
+        """See `Worker.flush`."""
+        results = self.core.take_results()
+        if results:
+            await self._write(results, 0)
+        return len(results)
+
+    def check_timeouts(self) -> int:
+        """See `Worker.check_timeouts` (async handlers are cancelled too)."""
+        expired = self.core.expire(self.timer())
+        self._cancel(expired)
+        return len(expired)
+
+    async def heartbeat(self) -> BatchResult | None:
+        """See `Worker.heartbeat`."""
+        pairs = self.core.heartbeat_pairs()
+        sent_at = self.timer()
+        result = None
+        lost = 0
+        try:
+            if pairs:
+                async with self.engine.begin() as conn:
+                    result = await _adrive(conn, self.core.heartbeat_op(pairs))
+                lost = self.core.beaten(pairs, result, sent_at)
+        finally:  # a heartbeat that failed may leave leases to expire: cancel those jobs
+            lost += self.core.expire_leases(self.timer())
+        if result is not None:
+            self.core.hook("heartbeat", len(result.done), lost, self.timer() - sent_at)
+        return result
+
+    async def reclaim(self) -> list[ReclaimedJob]:
+        """See `Worker.reclaim`."""
+        return await self.reclaimer.run_once()
+
+    async def run_once(self, timeout: float | None = None) -> int:
+        """See `Worker.run_once`."""
+        claimed = await self.claim()
+        await self.wait_for_handlers(timeout)
+        self.check_timeouts()
+        await self.flush()
+        return claimed
+
+    async def drain(self, timeout: float | None = None) -> int:
+        """See `Worker.drain`."""
+        total = 0
+        while True:
+            claimed = await self.run_once(timeout)
+            total += claimed
+            if not claimed:
+                return total

@@ -1,0 +1,248 @@
+"""What a handler receives: `JobContext` (the job) and its `CancelToken`.
+
+Example:
+    >>> import uuid
+    >>> from sa_outbox import ClaimedJob
+    >>> claimed = ClaimedJob(id=uuid.UUID(int=1), queue="default", kind="send-email",
+    ...                      payload={"to": "ana@example.com"}, priority=0, run_at=None,
+    ...                      attempts=1, max_attempts=8, lease_until=None,
+    ...                      lease_token=uuid.UUID(int=2), worker_id="w1",
+    ...                      deduplication_key="welcome:ana", created_at=None)
+    >>> job = JobContext(claimed)
+    >>> job.kind, job.payload["to"], job.attempts, job.cancel.cancelled
+    ('send-email', 'ana@example.com', 1, False)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import enum
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from .._results import ClaimedJob
+from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob
+from .errors import JobCancelled
+
+__all__ = ["CancelReason", "CancelToken", "JobContext"]
+
+
+class CancelReason(enum.StrEnum):
+    """Why a job's token was cancelled.
+
+    Example:
+        >>> CancelReason("lease lost") is CancelReason.LEASE_LOST
+        True
+    """
+
+    #: The worker is stopping (SIGTERM, SIGINT, `Worker.stop`): finish soon or give up.
+    SHUTDOWN = "shutdown"
+    #: A heartbeat found the lease gone (reclaimed, maybe taken by another worker), or could
+    #: not renew it in time: the result of this run may no longer be written.
+    LEASE_LOST = "lease lost"
+    #: The kind's timeout passed; the job has been sent back to be retried.
+    TIMEOUT = "timeout"
+
+
+class CancelToken:
+    """Tells a running handler that it should stop: shutdown asked, lease lost, or timeout.
+
+    Cancellation is cooperative: long work checks ``cancelled``, waits with ``wait`` (threads)
+    or ``await wait_async()`` (asyncio) instead of sleeping, or calls `raise_if_cancelled`.
+    The first reason given sticks.
+
+    Example:
+        >>> token = CancelToken()
+        >>> token.wait(timeout=0)
+        False
+        >>> token.cancel(CancelReason.SHUTDOWN)
+        True
+        >>> token.cancelled, token.reason
+        (True, <CancelReason.SHUTDOWN: 'shutdown'>)
+        >>> token.raise_if_cancelled()
+        Traceback (most recent call last):
+        ...
+        sa_outbox.worker.errors.JobCancelled: job cancelled: shutdown
+    """
+
+    __slots__ = ("_event", "_lock", "_reason", "_waiters")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._reason: CancelReason | None = None
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the job should stop."""
+        return self._event.is_set()
+
+    @property
+    def reason(self) -> CancelReason | None:
+        """Why it should stop, once cancelled."""
+        return self._reason
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until cancelled or ``timeout`` seconds passed; True if cancelled.
+
+        Use it instead of ``time.sleep`` in a handler that waits: it wakes up at once on a
+        shutdown or a lost lease.
+        """
+        return self._event.wait(timeout)
+
+    async def wait_async(self) -> None:
+        """Wait (asyncio) until cancelled; wrap it in ``asyncio.timeout`` to bound it."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._waiters.append((loop, future))
+        await future
+
+    def raise_if_cancelled(self) -> None:
+        """Raise `JobCancelled` if cancelled; a handler that lets it propagate gives up."""
+        if self._event.is_set():
+            raise JobCancelled(f"job cancelled: {self._reason}")
+
+    def cancel(self, reason: CancelReason) -> bool:
+        """Cancel (the worker does it); False if it was already cancelled."""
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._reason = reason
+            self._event.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_resolve, future)
+        return True
+
+    def __repr__(self) -> str:
+        return f"CancelToken({self._reason or 'active'})"
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class JobContext:
+    """A running job, as its handler sees it.
+
+    ``id``, ``kind``, ``payload`` (what the kind's ``parse`` returned, if it has one),
+    ``attempts`` (this run included), ``max_attempts``, ``deduplication_key``, ``queue``,
+    ``priority``, ``created_at``, ``lease_token``; ``cancel``, the job's `CancelToken`;
+    and `enqueue`, for follow-up jobs. ``claimed`` is the `ClaimedJob` as the claim returned
+    it (raw payload included).
+
+    Example:
+        def send_receipt(job: JobContext) -> None:
+            order = load_order(job.payload["order_id"])
+            if job.cancel.cancelled:
+                return
+            mailer.send(order.email, idempotency_key=str(job.id))
+            job.enqueue("index-order", {"order_id": order.id})
+    """
+
+    __slots__ = ("_check", "_followups", "cancel", "claimed", "payload")
+
+    def __init__(
+        self,
+        claimed: ClaimedJob,
+        payload: Any = None,
+        *,
+        parsed: bool = False,
+        check: Callable[[NewJob], object] | None = None,
+    ) -> None:
+        self.claimed = claimed
+        self.payload: Any = payload if parsed else claimed.payload
+        self.cancel = CancelToken()
+        self._followups: list[NewJob] = []
+        self._check = check
+
+    @property
+    def id(self) -> uuid.UUID:
+        """The job's id."""
+        return self.claimed.id
+
+    @property
+    def kind(self) -> str:
+        """The job's kind."""
+        return self.claimed.kind
+
+    @property
+    def queue(self) -> str:
+        """The queue the job was claimed from."""
+        return self.claimed.queue
+
+    @property
+    def priority(self) -> int:
+        """The job's priority."""
+        return self.claimed.priority
+
+    @property
+    def attempts(self) -> int:
+        """How many times the job has been claimed, this run included (1 on the first)."""
+        return self.claimed.attempts
+
+    @property
+    def max_attempts(self) -> int:
+        """After this many attempts a failure is final."""
+        return self.claimed.max_attempts
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """True when a failure now would end in ``failed``."""
+        return self.claimed.attempts >= self.claimed.max_attempts
+
+    @property
+    def deduplication_key(self) -> str | None:
+        """The job's deduplication key: an idempotency key for the outside world."""
+        return self.claimed.deduplication_key
+
+    @property
+    def created_at(self) -> dt.datetime:
+        """When the job was enqueued."""
+        return self.claimed.created_at
+
+    @property
+    def lease_token(self) -> uuid.UUID:
+        """The fencing token of this run."""
+        return self.claimed.lease_token
+
+    def enqueue(
+        self,
+        kind: str,
+        payload: Any,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        run_at: dt.datetime | None = None,
+        delay: dt.timedelta | float | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        deduplication_key: str | None = None,
+    ) -> None:
+        """Enqueue a follow-up job, written in the transaction that completes this one.
+
+        The follow-up exists exactly when this job's completion commits: not if the handler
+        fails, nor if the lease was lost (the run that completes the job enqueues it). Give
+        it a ``deduplication_key`` if it must never be enqueued twice across runs. To
+        enqueue at once instead, use `JobQueue.enqueue` in a transaction of your own. Bad
+        input (an unserialisable payload…) raises here, in the handler.
+        """
+        job = NewJob(kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key)
+        if self._check is not None:
+            self._check(job)
+        self._followups.append(job)
+
+    @property
+    def followups(self) -> list[NewJob]:
+        """The follow-up jobs `enqueue` collected so far."""
+        return list(self._followups)
+
+    def __repr__(self) -> str:
+        return f"JobContext(kind={self.kind!r}, id={self.id}, attempts={self.attempts})"

@@ -1,0 +1,218 @@
+"""LISTEN for the job table's notifications, so a worker wakes up as soon as jobs arrive.
+
+`Listener` (a thread) and `AsyncListener` (a task) hold one dedicated connection in autocommit
+mode, ``LISTEN`` on the table's channel, and call ``on_notify(payload)`` for each
+notification. They reconnect with backoff when the connection drops, and call
+``on_connect()`` once listening again (notifications sent meanwhile are lost, so the worker
+claims at once instead). Polling stays the fallback: a worker whose listener is down still
+claims every ``poll_interval``.
+
+Example:
+    listener = Listener(connect, channel, on_notify=print)
+    listener.start()
+    ...
+    listener.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import tenacity
+
+from ..statements import listen_sql
+from ._retry import DEFAULT_RECONNECT_WAIT
+
+__all__ = ["AsyncListener", "Listener"]
+
+log = logging.getLogger("sa_outbox.worker")
+
+#: How long a listening connection may stay silent before it is checked with ``SELECT 1``.
+KEEPALIVE_SECONDS = 30.0
+
+
+def _backoff(attempt: int) -> float:
+    state = tenacity.RetryCallState(tenacity.Retrying(), None, (), {})
+    state.attempt_number = attempt
+    return float(DEFAULT_RECONNECT_WAIT(state))
+
+
+class Listener:
+    """A thread that LISTENs on a channel and calls back for each notification.
+
+    ``connect`` returns a new psycopg connection; ``channel`` returns the channel name (it
+    may ask the database, once connected). Callbacks run on the listener's thread.
+
+    Example:
+        listener = Listener(connect, lambda: "public.jobs", on_notify=worker_wake)
+        listener.start()
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        channel: Callable[[], str | None],
+        *,
+        on_notify: Callable[[str], None],
+        on_connect: Callable[[], None] = lambda: None,
+        listening: threading.Event | None = None,
+        name: str = "sa-outbox-listener",
+    ) -> None:
+        self._connect = connect
+        self._channel = channel
+        self._on_notify = on_notify
+        self._on_connect = on_connect
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        #: Set while the connection is listening.
+        self.listening = listening if listening is not None else threading.Event()
+
+    def start(self) -> None:
+        """Start listening, in the background."""
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop, and close the connection (which interrupts a wait at once)."""
+        self._stopped.set()
+        self.listening.clear()
+        with self._lock:
+            conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stopped.is_set():
+            conn = None
+            try:
+                channel = self._channel()
+                if channel is None:
+                    log.warning("the job table does not exist yet: not listening, polling only")
+                    return
+                conn = self._connect()
+                conn.autocommit = True
+                with self._lock:
+                    self._conn = conn
+                if self._stopped.is_set():
+                    return
+                conn.execute(listen_sql(channel))
+                attempt = 0
+                log.debug("listening on channel %r", channel)
+                self.listening.set()
+                self._on_connect()
+                while not self._stopped.is_set():
+                    silent = True
+                    for notify in conn.notifies(timeout=KEEPALIVE_SECONDS):
+                        silent = False
+                        self._on_notify(notify.payload)
+                    if silent and not self._stopped.is_set():
+                        conn.execute("SELECT 1")
+            except Exception as exc:
+                self.listening.clear()
+                if self._stopped.is_set():
+                    return
+                attempt += 1
+                wait = _backoff(attempt)
+                log.warning(
+                    "listener connection failed (%s: %s); polling until it reconnects in %.2f s",
+                    type(exc).__name__,
+                    str(exc).strip().splitlines()[0] if str(exc) else "",
+                    wait,
+                )
+                self._stopped.wait(wait)
+            finally:
+                with self._lock:
+                    self._conn = None
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+
+
+class AsyncListener:
+    """`Listener` as an asyncio task, on a psycopg ``AsyncConnection``.
+
+    Example:
+        listener = AsyncListener(connect, channel, on_notify=worker_wake)
+        listener.start()
+        ...
+        await listener.stop()
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[Any]],
+        channel: Callable[[], Awaitable[str | None]],
+        *,
+        on_notify: Callable[[str], None],
+        on_connect: Callable[[], None] = lambda: None,
+        listening: asyncio.Event | None = None,
+    ) -> None:
+        self._connect = connect
+        self._channel = channel
+        self._on_notify = on_notify
+        self._on_connect = on_connect
+        self._task: asyncio.Task[None] | None = None
+        #: Set while the connection is listening.
+        self.listening = listening if listening is not None else asyncio.Event()
+
+    def start(self) -> None:
+        """Start listening, in a task of the running loop."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sa-outbox-listener")
+
+    async def stop(self) -> None:
+        """Stop, and close the connection."""
+        self.listening.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        attempt = 0
+        while True:
+            conn = None
+            try:
+                channel = await self._channel()
+                if channel is None:
+                    log.warning("the job table does not exist yet: not listening, polling only")
+                    return
+                conn = await self._connect()
+                await conn.set_autocommit(True)
+                await conn.execute(listen_sql(channel))
+                attempt = 0
+                self.listening.set()
+                self._on_connect()
+                while True:
+                    silent = True
+                    async for notify in conn.notifies(timeout=KEEPALIVE_SECONDS):
+                        silent = False
+                        self._on_notify(notify.payload)
+                    if silent:
+                        await conn.execute("SELECT 1")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.listening.clear()
+                attempt += 1
+                wait = _backoff(attempt)
+                log.warning(
+                    "listener connection failed (%s: %s); polling until it reconnects in %.2f s",
+                    type(exc).__name__,
+                    str(exc).strip().splitlines()[0] if str(exc) else "",
+                    wait,
+                )
+                await asyncio.sleep(wait)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()

@@ -1,0 +1,231 @@
+"""The reclaimer: expired leases go back to ``pending`` with backoff, or to ``failed``.
+
+A job whose worker died (SIGKILL, a lost machine) or stalled past its lease stays
+``running`` until someone reclaims it. Every `Worker` runs a reclaimer (every half lease by
+default, with jitter); `Reclaimer` and `AsyncReclaimer` also run alone, for deployments that
+keep maintenance apart. Many reclaimers at once are safe: the statement skips rows another
+one holds. The delay it gives is the app's `Backoff`, computed in SQL from the job's
+attempts, so a job that kills every worker that takes it comes back later and later, and
+ends ``failed`` at ``max_attempts`` instead of looping hot.
+
+Example:
+    reclaimer = Reclaimer(app, engine, interval=15)
+    reclaimer.run_once()   # one pass, now
+    reclaimer.run()        # until stop() / SIGTERM
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._backoff import Backoff
+from .._clock import Clock
+from .._job_queue import AsyncJobQueue, JobQueue
+from .._results import ReclaimedJob
+from .._validation import count, duration
+from ..schema import JobStatus
+from ..statements import DEFAULT_BACKOFF
+from ._core import check_engine, jittered
+from ._retry import async_retrying, retrying
+from .metrics import WorkerMetrics
+from .registry import JobApp
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["AsyncReclaimer", "Reclaimer"]
+
+log = logging.getLogger("sa_outbox.worker")
+
+
+def _model_and_backoff(source: object, backoff: Backoff | None) -> tuple[object, Backoff]:
+    if isinstance(source, JobApp):
+        return source.model, backoff or source.backoff
+    return source, backoff or DEFAULT_BACKOFF
+
+
+class _Base:
+    def __init__(
+        self,
+        source: object,
+        *,
+        interval: dt.timedelta | float,
+        limit: int,
+        backoff: Backoff | None,
+        clock: Clock | None,
+        metrics: WorkerMetrics | None,
+    ) -> None:
+        self.model, self.backoff = _model_and_backoff(source, backoff)
+        self.interval = duration(interval, "interval").total_seconds()
+        self.limit = count(limit, "limit")
+        self.clock = clock
+        self.metrics = metrics
+
+    def _report(self, batch: list[ReclaimedJob]) -> None:
+        if not batch:
+            return
+        failed = sum(1 for job in batch if job.status is JobStatus.FAILED)
+        log.warning(
+            "reclaimed %d expired leases (%d back to pending, %d failed at max_attempts)",
+            len(batch),
+            len(batch) - failed,
+            failed,
+        )
+        self._hook("reclaimed", len(batch) - failed, failed)
+
+    def _hook(self, name: str, *args: Any) -> None:
+        if self.metrics is not None:
+            try:
+                getattr(self.metrics, name)(*args)
+            except Exception:
+                log.exception("metrics hook %s raised", name)
+
+    def _database_error(self, operation: str, error: BaseException) -> None:
+        self._hook("database_error", operation, error)
+
+
+class Reclaimer(_Base):
+    """Return expired leases, now (`run_once`) or every ``interval`` seconds (`run`).
+
+    ``source`` is a `JobApp` (its model and backoff) or a job model / table.
+
+    Example:
+        reclaimer = Reclaimer(app, engine)
+        returned = reclaimer.run_once()
+    """
+
+    def __init__(
+        self,
+        source: object,
+        engine: Engine,
+        *,
+        interval: dt.timedelta | float = 15.0,
+        limit: int = 1000,
+        backoff: Backoff | None = None,
+        clock: Clock | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        check_engine(engine, "Reclaimer")
+        super().__init__(
+            source, interval=interval, limit=limit, backoff=backoff, clock=clock, metrics=metrics
+        )
+        self.engine = engine
+        self.queue = JobQueue(self.model, clock=clock, backoff=self.backoff)
+        self._stop = threading.Event()
+
+    def run_once(self) -> list[ReclaimedJob]:
+        """Reclaim every expired lease, ``limit`` per transaction; returns them all."""
+        reclaimed: list[ReclaimedJob] = []
+        while True:
+            with self.engine.begin() as conn:
+                batch = self.queue.reclaim_expired(conn, limit=self.limit)
+            self._report(batch)
+            reclaimed.extend(batch)
+            if len(batch) < self.limit:
+                return reclaimed
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Reclaim every ``interval`` (± 20 %) until `stop` (or SIGTERM / SIGINT)."""
+        restore = _install(self.stop) if install_signal_handlers else None
+        try:
+            attempt = retrying(
+                "reclaim",
+                stop=self._stop.is_set,
+                sleep=self._stop.wait,  # type: ignore[arg-type]
+                report=self._database_error,
+            )
+            while not self._stop.is_set():
+                attempt(self.run_once)
+                self._stop.wait(jittered(self.interval))
+        finally:
+            if restore is not None:
+                restore()
+
+    def stop(self) -> None:
+        """Ask `run` to return."""
+        self._stop.set()
+
+
+class AsyncReclaimer(_Base):
+    """`Reclaimer` for asyncio, on an `AsyncEngine`.
+
+    Example:
+        reclaimer = AsyncReclaimer(app, async_engine)
+        await reclaimer.run_once()
+    """
+
+    def __init__(
+        self,
+        source: object,
+        engine: AsyncEngine,
+        *,
+        interval: dt.timedelta | float = 15.0,
+        limit: int = 1000,
+        backoff: Backoff | None = None,
+        clock: Clock | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        super().__init__(
+            source, interval=interval, limit=limit, backoff=backoff, clock=clock, metrics=metrics
+        )
+        self.engine = engine
+        self.queue = AsyncJobQueue(self.model, clock=clock, backoff=self.backoff)
+        self._stop: asyncio.Event | None = None
+
+    async def run_once(self) -> list[ReclaimedJob]:
+        """See `Reclaimer.run_once`."""
+        reclaimed: list[ReclaimedJob] = []
+        while True:
+            async with self.engine.begin() as conn:
+                batch = await self.queue.reclaim_expired(conn, limit=self.limit)
+            self._report(batch)
+            reclaimed.extend(batch)
+            if len(batch) < self.limit:
+                return reclaimed
+
+    async def run(self) -> None:
+        """See `Reclaimer.run` (signals are the caller's: call `stop`)."""
+        stop = self._stop = asyncio.Event()
+
+        async def sleep(seconds: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), seconds)
+
+        attempt = async_retrying(
+            "reclaim", stop=stop.is_set, sleep=sleep, report=self._database_error
+        )
+        while not stop.is_set():
+            await attempt(self.run_once)
+            await sleep(jittered(self.interval))
+
+    def stop(self) -> None:
+        """Ask `run` to return."""
+        if self._stop is not None:
+            self._stop.set()
+
+
+def _install(stop: Callable[[], None]) -> Callable[[], None] | None:
+    """SIGTERM and SIGINT call ``stop``; returns what restores the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, frame: object) -> None:
+        stop()
+
+    for sig in previous:
+        signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore

@@ -1,0 +1,548 @@
+"""`Worker`: the job queue's runtime on threads, over a sync SQLAlchemy `Engine`.
+
+One loop thread claims and writes; ``concurrency`` handler threads run the jobs outside any
+transaction; a keeper thread sends the heartbeats and runs the reclaimer; a listener thread
+holds a ``LISTEN`` connection. The loop writes the results of finished jobs (completions as
+one batched statement, retries, failures, follow-up jobs) and claims the next batch in one
+transaction: one commit per batch, not per job. See docs/worker.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine
+
+from .._clock import Clock
+from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._executors import Op, _drive, _JobOps
+from .._results import BatchResult, ReclaimedJob
+from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
+from ._core import Core, Entry, Result, Written, check_engine, jittered, make_settings
+from ._retry import retrying
+from ._threads import DaemonPool
+from .listen import Listener
+from .metrics import WorkerMetrics
+from .reclaimer import Reclaimer
+from .registry import JobApp
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("sa_outbox.worker")
+T = TypeVar("T")
+
+
+class Worker:
+    """Run the jobs of a `JobApp` with threads, until stopped.
+
+    ``run()`` claims batches from ``queues`` (``None``: all) and ``kinds`` (``None``: all;
+    a job of a kind with no handler fails at once), runs each job's handler with no
+    transaction open (``concurrency`` at a time), and writes the results in batches, each
+    fenced by the job's lease token. It heartbeats every held job every
+    ``heartbeat_interval`` (a third of ``lease`` by default) without rotating tokens, reclaims
+    expired leases every ``reclaim_interval`` (half the lease; ``reclaim=False`` to leave
+    that to a separate `Reclaimer`), wakes up on the table's NOTIFY (``listen``) and polls
+    every ``poll_interval`` anyway. Results wait up to ``ack_delay`` seconds (or until
+    ``ack_batch`` are ready) so that one commit acknowledges many jobs.
+
+    On SIGTERM or SIGINT (or `stop`) it stops claiming, cancels the running jobs' tokens
+    (reason ``shutdown``), lets them finish for up to ``grace`` seconds, then releases the
+    rest back to ``pending`` without counting the attempt. A second signal skips the grace
+    period. A lost connection or a restarting server is retried with backoff, forever while
+    running; nothing is written twice (every write is fenced).
+
+    Between runs, tests drive it step by step: `claim`, `wait_for_handlers`, `flush`,
+    `heartbeat`, `check_timeouts`, `reclaim`, or `run_once` / `drain`. ``clock`` is the
+    SQL clock (a `FakeClock` in tests) and ``timer`` the local one (timeouts, local lease
+    deadlines): ``timer=lambda: clock.now().timestamp()`` moves both together.
+
+    Example:
+        worker = Worker(app, engine, queues=["default", "emails"], concurrency=16)
+        worker.run()  # returns after SIGTERM / SIGINT / worker.stop()
+    """
+
+    def __init__(
+        self,
+        app: JobApp,
+        engine: Engine,
+        *,
+        queues: str | Sequence[str] | None = None,
+        kinds: str | Sequence[str] | None = None,
+        concurrency: int = 10,
+        batch: int | None = None,
+        lease: dt.timedelta | float = DEFAULT_LEASE,
+        heartbeat_interval: dt.timedelta | float | None = None,
+        poll_interval: dt.timedelta | float = 1.0,
+        listen: bool = True,
+        ack_delay: dt.timedelta | float = 0.005,
+        ack_batch: int | None = None,
+        grace: dt.timedelta | float = 10.0,
+        reclaim: bool = True,
+        reclaim_interval: dt.timedelta | float | None = None,
+        worker_id: str | None = None,
+        metrics: WorkerMetrics | None = None,
+        clock: Clock | None = None,
+        timer: Callable[[], float] = time.monotonic,
+        install_signal_handlers: bool = True,
+        max_error_chars: int = 4000,
+    ) -> None:
+        if not isinstance(app, JobApp):
+            raise InvalidArgumentType(f"Worker needs a JobApp, got {type(app).__name__}")
+        check_engine(engine, "Worker")
+        coroutines = [kind for kind in app.kinds if app[kind].is_async]
+        if coroutines:
+            raise InvalidArgument(
+                f"the handlers of {coroutines} are coroutine functions: run them with AsyncWorker"
+            )
+        self.app = app
+        self.engine = engine
+        self.settings = make_settings(
+            worker_id=worker_id,
+            queues=queues,
+            kinds=kinds,
+            concurrency=concurrency,
+            batch=batch,
+            lease=lease,
+            heartbeat_interval=heartbeat_interval,
+            poll_interval=poll_interval,
+            listen=listen,
+            ack_delay=ack_delay,
+            ack_batch=ack_batch,
+            grace=grace,
+            reclaim=reclaim,
+            reclaim_interval=reclaim_interval,
+            max_error_chars=max_error_chars,
+        )
+        ops = _JobOps(
+            app.model,
+            clock=clock,
+            backoff=app.backoff,
+            dumps=None,
+            max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES,
+        )
+        self.timer = timer
+        self.core = Core(app, ops, self.settings, metrics, timer)
+        self.reclaimer = Reclaimer(
+            app,
+            engine,
+            interval=self.settings.reclaim_interval or 1.0,
+            clock=clock,
+            metrics=metrics,
+        )
+        self.install_signal_handlers = install_signal_handlers
+        self._cond = threading.Condition()  # an RLock: a signal handler may re-enter it
+        self._stop_requested = False
+        self._hard_stop = threading.Event()
+        self._give_up_at: float | None = None
+        self._pool: DaemonPool | None = None
+        self._running = False
+        self._keeper_stop = threading.Event()
+        self.listener: Listener | None = None
+        #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
+        self.listening = threading.Event()
+
+    @property
+    def worker_id(self) -> str:
+        """The id this worker claims under (``worker_id`` of its rows)."""
+        return self.settings.worker_id
+
+    def __repr__(self) -> str:
+        return f"Worker({self.app!r}, worker_id={self.worker_id!r})"
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Work until `stop` (or SIGTERM / SIGINT), then shut down gracefully.
+
+        Example:
+            Worker(app, engine, queues="emails", concurrency=16).run()
+        """
+        with self._cond:
+            if self._running:
+                raise InvalidArgument("this worker is already running")
+            self._running = True
+            self._stop_requested = False
+            self._give_up_at = None
+            self._hard_stop.clear()
+        restore = self._install_signals() if self.install_signal_handlers else None
+        keeper = threading.Thread(target=self._keep, name="sa-outbox-keeper", daemon=True)
+        keeper_stop = self._keeper_stop = threading.Event()
+        s = self.settings
+        log.info(
+            "worker %s: queues %s, kinds %s, concurrency %d, batch %d, lease %g s, %s",
+            s.worker_id,
+            list(s.queues) if s.queues else "all",
+            list(s.kinds) if s.kinds else "all",
+            s.concurrency,
+            s.batch,
+            s.lease,
+            "listening for notifications" if s.listen else f"polling every {s.poll_interval:g} s",
+        )
+        try:
+            keeper.start()
+            if s.listen:
+                self._start_listener()
+            self._loop()
+        finally:
+            keeper_stop.set()
+            if self.listener is not None:
+                self.listener.stop()
+                self.listener = None
+            keeper.join(5.0)
+            if restore is not None:
+                restore()
+            self.close()
+            with self._cond:
+                self._running = False
+            log.info("worker %s stopped", s.worker_id)
+
+    def _loop(self) -> None:
+        core = self.core
+        grace_over: float | None = None
+        while True:
+            with self._cond:
+                now = self.timer()
+                if self._stop_requested and not core.stopping:
+                    core.begin_shutdown()
+                    grace_over = now + self.settings.grace
+                    log.info(
+                        "worker %s: stopping; %d running jobs have %g s to finish",
+                        self.worker_id,
+                        core.busy,
+                        self.settings.grace,
+                    )
+                if core.stopping:
+                    assert grace_over is not None
+                    if self._hard_stop.is_set() or now >= grace_over:
+                        core.abandon_running()
+                        break
+                    if core.busy == 0 and not core.results:
+                        break
+                core.expire(now)
+                claim = core.claim_size(now)
+                if not core.should_write(now, claim) and not claim:
+                    wait = core.next_wakeup(now)
+                    if grace_over is not None:
+                        wait = min(wait if wait is not None else grace_over, grace_over - now)
+                    self._cond.wait(wait)
+                    continue
+                results = core.take_results()
+            if not self._write_or_give_up(results, claim):
+                return
+        # The final write: what finished in time, and the releases of what did not.
+        with self._cond:
+            results = self.core.take_results()
+        if results:
+            self._write_or_give_up(results, 0)
+
+    def _write_or_give_up(self, results: list[Result], claim: int) -> bool:
+        try:
+            self._write(results, claim)
+        except Exception as exc:
+            if not self._stop_retrying():
+                raise
+            log.error(
+                "worker %s: giving up writing while stopping (%s: %s)",
+                self.worker_id,
+                type(exc).__name__,
+                exc,
+            )
+            return False
+        return True
+
+    def _write(self, results: list[Result], claim: int) -> int:
+        started = self.timer()
+        with self._cond:
+            notifications = self.core.notifications
+        try:
+            written: Written = self._database("write", lambda: self.core.write_op(results, claim))
+        except Exception:
+            with self._cond:
+                self.core.dropped(results)
+            raise
+        elapsed = self.timer() - started
+        with self._cond:
+            self.core.written(written)
+            entries = self.core.admit(written.claimed, claim, started, notifications)
+        self.core.hook("batch_written", len(written.outcomes), len(written.claimed), elapsed)
+        self._dispatch(entries)
+        return len(written.claimed)
+
+    def _database(self, operation: str, op: Callable[[], Op[T]]) -> T:
+        def attempt() -> T:
+            with self.engine.begin() as conn:
+                return _drive(conn, op())
+
+        return retrying(
+            operation,
+            stop=self._stop_retrying,
+            sleep=self._sleep,
+            report=self._report_error,
+        )(attempt)
+
+    def _stop_retrying(self) -> bool:
+        # While running, a database that went away is waited for; once stopping, only
+        # until the grace period (and as long again for the final write) is over.
+        return self._give_up_at is not None and self.timer() >= self._give_up_at
+
+    def _sleep(self, seconds: float) -> None:
+        self._hard_stop.wait(seconds)
+
+    def _report_error(self, operation: str, error: BaseException) -> None:
+        self.core.hook("database_error", operation, error)
+
+    # -- handlers ------------------------------------------------------------------------
+
+    def _dispatch(self, entries: list[Entry]) -> None:
+        if not entries:
+            return
+        if self._pool is None:
+            self._pool = DaemonPool(self.settings.concurrency, "sa-outbox-handler")
+        for entry in entries:
+            self._pool.submit(functools.partial(self._execute, entry))
+
+    def _execute(self, entry: Entry) -> None:
+        error: BaseException | None = None
+        with self._cond:
+            self.core.begin(entry)
+        try:
+            self.core.parse(entry)
+            assert entry.spec is not None
+            entry.spec.function(entry.context)
+        except BaseException as exc:
+            error = exc
+        with self._cond:
+            self.core.finished(entry, error)
+            self._cond.notify_all()
+
+    # -- the keeper: heartbeats and the reclaimer ----------------------------------------
+
+    def _keep(self) -> None:
+        s = self.settings
+        next_beat = self.timer() + s.heartbeat_interval
+        next_reclaim = self.timer() + (s.reclaim_interval or 0.0) / 4
+        while not self._keeper_stop.is_set():
+            now = self.timer()
+            if now >= next_beat:
+                try:
+                    self.heartbeat()
+                    next_beat = now + s.heartbeat_interval
+                except Exception as exc:
+                    self._report_error("heartbeat", exc)
+                    log.warning("heartbeat failed (%s: %s)", type(exc).__name__, exc)
+                    next_beat = now + min(s.heartbeat_interval, 1.0)
+            if s.reclaim_interval is not None and now >= next_reclaim:
+                try:
+                    self.reclaim()
+                except Exception as exc:
+                    self._report_error("reclaim", exc)
+                    log.warning("reclaim failed (%s: %s)", type(exc).__name__, exc)
+                next_reclaim = now + jittered(s.reclaim_interval)
+            due = min(next_beat, next_reclaim if s.reclaim_interval is not None else next_beat)
+            self._keeper_stop.wait(max(0.0, due - self.timer()))
+
+    # -- the listener --------------------------------------------------------------------
+
+    def _start_listener(self) -> None:
+        def connect() -> Any:
+            raw = self.engine.raw_connection()
+            conn = raw.driver_connection
+            raw.detach()  # a LISTEN connection never goes back to the pool
+            return conn
+
+        def channel() -> str | None:
+            with self.engine.begin() as conn:
+                return _drive(conn, self.core.ops.notify_channel())
+
+        self.listener = Listener(
+            connect,
+            channel,
+            on_notify=self._notified,
+            on_connect=self._listening,
+            listening=self.listening,
+        )
+        self.listener.start()
+
+    def _notified(self, payload: str) -> None:
+        with self._cond:
+            if self.core.on_notify(payload):
+                self._cond.notify_all()
+
+    def _listening(self) -> None:
+        with self._cond:
+            self.core.wake()  # what was sent while nobody listened is lost: claim now
+            self._cond.notify_all()
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def stop(self, *, now: bool = False) -> None:
+        """Ask `run` to stop gracefully (``now=True``: skip the grace period). Thread-safe.
+
+        Example:
+            threading.Timer(60, worker.stop).start()
+            worker.run()  # returns after a minute, and the grace period
+        """
+        with self._cond:
+            if self._stop_requested or now:
+                self._hard_stop.set()
+                self._give_up_at = self.timer()
+            elif self._give_up_at is None:
+                self._give_up_at = self.timer() + self.settings.grace + max(self.settings.grace, 5)
+            self._stop_requested = True
+            self._cond.notify_all()
+
+    def _install_signals(self) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def handler(signum: int, frame: object) -> None:
+            log.info("worker %s: %s received", self.worker_id, signal.Signals(signum).name)
+            self.stop()
+
+        for sig in previous:
+            signal.signal(sig, handler)
+
+        def restore() -> None:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+        return restore
+
+    def close(self) -> None:
+        """Stop the handler threads (after their current job); `run` does it on return.
+
+        Example:
+            worker.close()
+        """
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- step by step (tests, scripts) ---------------------------------------------------
+
+    def claim(self) -> int:
+        """Write the results ready so far and claim as many jobs as there are free handler
+        threads (up to ``batch``), in one transaction; start them. Returns how many.
+
+        Example:
+            worker.claim()
+            # -> 10
+        """
+        with self._cond:
+            claim = max(0, min(self.settings.batch, self.core.free()))
+            results = self.core.take_results()
+        return self._write(results, claim)
+
+    def wait_for_handlers(self, timeout: float | None = None) -> bool:
+        """Wait until no handler is running; False if ``timeout`` passed first.
+
+        Example:
+            assert worker.wait_for_handlers(timeout=10)
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: self.core.busy == 0, timeout)
+
+    def flush(self) -> int:
+        """Write the results ready so far (one transaction); returns how many.
+
+        Example:
+            worker.flush()
+            # -> 10
+        """
+        with self._cond:
+            results = self.core.take_results()
+        if results:
+            self._write(results, 0)
+        return len(results)
+
+    def check_timeouts(self) -> int:
+        """Give up the jobs past their kind's timeout (cancel, retry); returns how many.
+
+        Example:
+            clock.advance(31)  # past a timeout of 30 s, with timer=clock-based
+            worker.check_timeouts()
+            # -> 1
+        """
+        with self._cond:
+            return len(self.core.expire(self.timer()))
+
+    def heartbeat(self) -> BatchResult | None:
+        """Renew the lease of every job held (one statement); cancel the lost ones.
+
+        Returns what the statement renewed and found lost (``None``: nothing held). A
+        heartbeat that fails raises, after cancelling the jobs whose lease may have expired.
+
+        Example:
+            worker.heartbeat().lost
+            # -> []
+        """
+        with self._cond:
+            pairs = self.core.heartbeat_pairs()
+            sent_at = self.timer()
+        lost = 0
+        result = None
+        try:
+            if pairs:
+                with self.engine.begin() as conn:
+                    result = _drive(conn, self.core.heartbeat_op(pairs))
+        finally:  # a heartbeat that failed may leave leases to expire: cancel those jobs
+            with self._cond:
+                if result is not None:
+                    lost = self.core.beaten(pairs, result, sent_at)
+                lost += self.core.expire_leases(self.timer())
+        if result is not None:
+            self.core.hook("heartbeat", len(result.done), lost, self.timer() - sent_at)
+        return result
+
+    def reclaim(self) -> list[ReclaimedJob]:
+        """Run the reclaimer once (every expired lease of the table, not only this worker's).
+
+        Example:
+            worker.reclaim()
+            # -> []
+        """
+        return self.reclaimer.run_once()
+
+    def run_once(self, timeout: float | None = None) -> int:
+        """Claim one batch, wait for its handlers (up to ``timeout``), write the results.
+
+        Returns how many jobs were claimed. Handlers still running after ``timeout`` keep
+        their jobs; a later call writes their results.
+
+        Example:
+            while worker.run_once():
+                pass
+        """
+        claimed = self.claim()
+        self.wait_for_handlers(timeout)
+        self.check_timeouts()
+        self.flush()
+        return claimed
+
+    def drain(self, timeout: float | None = None) -> int:
+        """`run_once` until a claim finds nothing; returns how many jobs were claimed.
+
+        Example:
+            with Worker(app, engine, listen=False) as worker:
+                worker.drain()
+        """
+        total = 0
+        while True:
+            claimed = self.run_once(timeout)
+            total += claimed
+            if not claimed:
+                return total
