@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -10,11 +11,13 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+import sa_outbox
+
 flask = pytest.importorskip("flask", reason="the example needs Flask (the test extra has it)")
 pytest.importorskip("flask_sqlalchemy", reason="the example needs Flask-SQLAlchemy")
 
 from examples.flask_app import create_app  # noqa: E402
-from examples.flask_app.models import db  # noqa: E402
+from examples.flask_app.models import Job, db  # noqa: E402
 
 SCHEMA = f"shop_{os.getpid()}"
 
@@ -113,3 +116,86 @@ def test_the_form_and_the_status_page(app: Any) -> None:
     assert "1 orders" in page
     assert "pending: 1" in page and "unpublished: 1" in page
     assert "send-confirmation" in page and "OrderPlaced" in page
+
+
+def test_the_flask_worker_command_sends_the_confirmations(app: Any) -> None:
+    client = app.test_client()
+    for i in range(3):
+        order = {"reference": f"W-{i}", "email": f"w{i}@example.com", "total_cents": 100 + i}
+        assert client.post("/orders", json=order).status_code == 201
+    with app.app_context():  # a job the handler must refuse: its order does not exist
+        sa_outbox.enqueue(
+            db.session, "send-confirmation", {"order_id": 999}, model=Job, queue="emails"
+        )
+        db.session.commit()
+    result = app.test_cli_runner().invoke(args=["worker", "--drain", "--concurrency", "2"])
+    assert result.exit_code == 0, result.output
+    assert "worked 4 job(s)" in result.output
+    counts = client.get("/status.json").json
+    assert counts["emails_sent"] == 3
+    assert counts["jobs"] == {"pending": 0, "running": 0, "succeeded": 3, "failed": 1}
+    [[error]] = rows(app, "SELECT last_error FROM jobs WHERE status = 'failed'")
+    assert "order 999 does not exist" in error
+
+
+def test_the_flask_relay_command_publishes_the_events_once(app: Any) -> None:
+    client = app.test_client()
+    for i in range(3):
+        order = {"reference": f"R-{i}", "email": f"r{i}@example.com", "total_cents": 10 + i}
+        assert client.post("/orders", json=order).status_code == 201
+    runner = app.test_cli_runner()
+    result = runner.invoke(args=["relay", "--once"], env={"AMQP_URL": ""})
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert [m["body"]["total_cents"] for m in lines] == [10, 11, 12]  # commit order
+    assert all(m["type"] == "OrderPlaced" and m["message_id"] for m in lines)
+    assert "published 3 event(s)" in result.output
+    assert client.get("/status.json").json["outbox"] == {"published": 3, "unpublished": 0}
+    again = runner.invoke(args=["relay", "--once"], env={"AMQP_URL": ""})
+    assert "published 0 event(s)" in again.output  # marked: never published twice here
+
+
+def test_the_flask_relay_command_publishes_to_rabbitmq(app: Any) -> None:
+    import asyncio
+
+    from .brokers import RABBITMQ, require
+
+    require("RabbitMQ", RABBITMQ, "aio_pika")
+    import aio_pika
+
+    url = f"amqp://guest:guest@{RABBITMQ}/"
+    queue_name = f"shop-events-test-{os.getpid()}"
+
+    async def declare() -> None:
+        connection = await aio_pika.connect(url)
+        async with connection:
+            channel = await connection.channel()
+            await channel.queue_delete(queue_name)
+            await channel.declare_queue(queue_name, durable=True)
+
+    async def received() -> list[Any]:
+        connection = await aio_pika.connect(url)
+        async with connection:
+            channel = await connection.channel()
+            queue = await channel.get_queue(queue_name)
+            messages = []
+            while (message := await queue.get(no_ack=True, fail=False)) is not None:
+                messages.append(message)
+            await queue.delete()
+            return messages
+
+    asyncio.run(declare())
+    client = app.test_client()
+    order = {"reference": "Q-1", "email": "q@example.com", "total_cents": 77}
+    assert client.post("/orders", json=order).status_code == 201
+    env = {"AMQP_URL": url, "AMQP_QUEUE": queue_name}
+    result = app.test_cli_runner().invoke(args=["relay", "--once"], env=env)
+    assert "published 1 event(s)" in result.output, result.output
+    [message] = asyncio.run(received())
+    assert json.loads(message.body) == {
+        "order": 1,
+        "email": "q@example.com",
+        "total_cents": 77,
+    }
+    assert message.type == "OrderPlaced" and message.message_id
+    assert client.get("/status.json").json["outbox"] == {"published": 1, "unpublished": 0}
