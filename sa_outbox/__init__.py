@@ -27,6 +27,7 @@ from ._exceptions import (
     PayloadTooLarge,
     SaOutboxError,
 )
+from ._health import HealthReport, TableHealth, XminHolder, table_health
 from ._job_queue import AsyncJobQueue, JobQueue
 from ._outbox_store import AsyncOutbox, Outbox
 from ._results import (
@@ -39,6 +40,7 @@ from ._results import (
     RejectedEvent,
     RetryResult,
 )
+from ._retention import AsyncPruner, Pruner, PruneReport, Retention
 from ._session_hooks import enqueue, install
 from .relay import (
     AsyncRelay,
@@ -81,6 +83,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "AsyncJobQueue",
     "AsyncOutbox",
+    "AsyncPruner",
     "AsyncReclaimer",
     "AsyncRelay",
     "AsyncWorker",
@@ -96,6 +99,7 @@ __all__ = [
     "EnqueueResult",
     "EventsRejected",
     "FakeClock",
+    "HealthReport",
     "InvalidArgument",
     "InvalidArgumentType",
     "InvalidPayload",
@@ -117,6 +121,8 @@ __all__ = [
     "PayloadNotSerializable",
     "PayloadTooLarge",
     "PermanentError",
+    "PruneReport",
+    "Pruner",
     "PublishError",
     "Publisher",
     "PublisherUnavailable",
@@ -125,16 +131,20 @@ __all__ = [
     "RejectedEvent",
     "Relay",
     "RelayReport",
+    "Retention",
     "RetryResult",
     "SaOutboxError",
+    "TableHealth",
     "UnknownEventType",
     "UnknownJobKind",
     "Worker",
     "WorkerMetrics",
+    "XminHolder",
     "__version__",
     "decode_event",
     "embedded_database_url",
     "enqueue",
     "event_types",
     "install",
+    "table_health",
 ]

@@ -21,6 +21,15 @@ Commands:
     publish → mark, in each aggregate's order. ``--once`` runs one cycle and prints what it
     did. The relay object carries its engine, outbox model and publisher.
 
+``sa-outbox prune TARGET --older-than 7d [--failed-older-than 30d] [--outbox TARGET] …``
+    Deletes finished jobs of the job model at ``TARGET`` (and, with ``--outbox``, published
+    events) older than the windows, ``--batch`` rows per short transaction, one pruner at a
+    time per table (`Pruner`); prints progress every ``--progress-every`` batches.
+
+``sa-outbox health TARGET [--outbox TARGET]``
+    Prints `table_health`: row counts, dead tuples, vacuum times, sizes, the oldest ready
+    pending job and the sessions holding back the xmin horizon.
+
 Each command is a function that adds its subparser and sets ``handler`` to a function of
 the parsed arguments returning the exit status: 0 on success, 1 on a runtime error (printed
 as ``sa-outbox COMMAND: error: …``), 2 on a usage error (argparse's own convention).
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import importlib
 import inspect
 import logging
@@ -47,7 +57,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
@@ -55,8 +65,11 @@ from . import __version__
 from ._demo import MAX_DEMO_JOBS, format_report, run_demo
 from ._embedded import embedded_database_url
 from ._exceptions import SaOutboxError
+from ._health import HealthReport, TableHealth, table_health
+from ._retention import Pruner, PruneReport, Retention
 from .relay import AsyncRelay, Relay, RelayReport
 from .relay._loader import load_relay
+from .schema import resolve_table
 from .worker import AsyncWorker, JobApp, Worker
 
 __all__ = [
@@ -64,8 +77,10 @@ __all__ = [
     "CommandError",
     "build_parser",
     "database_url",
+    "load_table",
     "load_target",
     "main",
+    "parse_duration",
 ]
 
 #: The environment variable commands read the database URL from when none is given.
@@ -292,6 +307,16 @@ def load_target(target: str) -> JobApp:
         ...
         sa_outbox.cli.CommandError: json:dumps is not a JobApp (nor a function returning one)
     """
+    found = _import_target(target)
+    if not isinstance(found, JobApp) and inspect.isfunction(found) and _no_arguments(found):
+        found = found()
+    if not isinstance(found, JobApp):
+        raise CommandError(f"{target} is not a JobApp (nor a function returning one)")
+    return found
+
+
+def _import_target(target: str) -> object:
+    """The object at ``module:attribute`` (a dotted attribute path; the cwd is importable)."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise CommandError(f"expected TARGET as module:attribute (myapp.tasks:app), got {target!r}")
@@ -306,11 +331,229 @@ def load_target(target: str) -> JobApp:
             found = getattr(found, part)
         except AttributeError:
             raise CommandError(f"{module_name!r} has no attribute {attribute!r}") from None
-    if not isinstance(found, JobApp) and inspect.isfunction(found) and _no_arguments(found):
-        found = found()
-    if not isinstance(found, JobApp):
-        raise CommandError(f"{target} is not a JobApp (nor a function returning one)")
     return found
+
+
+def load_table(target: str) -> Table:
+    """The table of the model (or `Table`, or `JobApp`) at ``module:attribute``.
+
+    Example:
+        >>> load_table("json:dumps")
+        Traceback (most recent call last):
+        ...
+        sa_outbox.cli.CommandError: json:dumps is not a job or outbox model, a Table nor a JobApp
+    """
+    found = _import_target(target)
+    if isinstance(found, JobApp):
+        found = found.model
+    try:
+        return resolve_table(found)
+    except SaOutboxError:
+        raise CommandError(f"{target} is not a job or outbox model, a Table nor a JobApp") from None
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: str) -> dt.timedelta:
+    """A duration as the commands take it: a whole number and a unit (s, m, h, d, w).
+
+    Example:
+        >>> parse_duration("7d"), parse_duration("90s")
+        (datetime.timedelta(days=7), datetime.timedelta(seconds=90))
+        >>> parse_duration("7 days")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: expected a duration like 7d, 12h, 30m or 90s, got '7 days'
+    """
+    text = value.strip().lower()
+    number, unit = text[:-1], text[-1:]
+    if unit not in _UNITS or not number.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 7d, 12h, 30m or 90s, got {value!r}"
+        )
+    return dt.timedelta(seconds=int(number) * _UNITS[unit])
+
+
+def _connect(args: argparse.Namespace) -> tuple[URL, Engine]:
+    raw = args.database_url or os.environ.get(ENV_DATABASE_URL)
+    if not raw:
+        raise CommandError(f"give the database with --database-url or ${ENV_DATABASE_URL}")
+    url = database_url(raw)
+    return url, _engine(url)
+
+
+def _database_error(url: URL, exc: DBAPIError) -> CommandError:
+    reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    return CommandError(f"database error on {url.render_as_string(hide_password=True)}: {reason}")
+
+
+def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "prune",
+        help="delete finished jobs (and published events) older than a window, in batches",
+        description=(
+            "Delete succeeded jobs older than --older-than and failed jobs older than "
+            "--failed-older-than (default: the same), and with --outbox published events "
+            "older than --outbox-older-than (default: the same), --batch rows per short "
+            "transaction, until nothing is left. Pending and running jobs, unpublished and "
+            "parked events are never touched. If another pruner holds a table's lock, that "
+            "table is skipped. Durations: 7d, 12h, 30m, 90s, 2w."
+        ),
+    )
+    parser.add_argument(
+        "target", metavar="TARGET", help="the job model (or its JobApp), as module:attribute"
+    )
+    parser.add_argument(
+        "--older-than",
+        metavar="DURATION",
+        type=parse_duration,
+        required=True,
+        help="prune succeeded jobs finished longer ago than this",
+    )
+    parser.add_argument(
+        "--failed-older-than",
+        metavar="DURATION",
+        type=parse_duration,
+        help="prune failed jobs finished longer ago than this (default: --older-than)",
+    )
+    parser.add_argument("--keep-failed", action="store_true", help="never prune failed jobs")
+    parser.add_argument(
+        "--outbox", metavar="TARGET", help="also prune this outbox model's published events"
+    )
+    parser.add_argument(
+        "--outbox-older-than",
+        metavar="DURATION",
+        type=parse_duration,
+        help="prune events published longer ago than this (default: --older-than)",
+    )
+    parser.add_argument(
+        "--batch",
+        metavar="N",
+        type=_positive(int),
+        default=1000,
+        help="rows deleted per transaction (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--progress-every",
+        metavar="N",
+        type=_positive(int),
+        default=10,
+        help="print progress every N batches (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--database-url", metavar="URL", help=f"PostgreSQL URL (default: ${ENV_DATABASE_URL})"
+    )
+    parser.set_defaults(handler=_prune)
+
+
+def _format_prune(report: PruneReport) -> str:
+    text = (
+        f"pruned {report.succeeded} succeeded and {report.failed} failed jobs, "
+        f"{report.published} published events in {report.batches} batches"
+    )
+    if report.skipped:
+        text += f"; skipped (another pruner holds the lock): {', '.join(report.skipped)}"
+    return text
+
+
+def _prune(args: argparse.Namespace) -> int:
+    jobs = load_table(args.target)
+    outbox = None if args.outbox is None else load_table(args.outbox)
+    failed = None if args.keep_failed else (args.failed_older_than or args.older_than)
+    try:
+        retention = Retention(
+            succeeded=args.older_than,
+            failed=failed,
+            published=args.outbox_older_than or args.older_than,
+            batch=args.batch,
+        )
+    except SaOutboxError as exc:
+        raise CommandError(str(exc)) from None
+
+    def progress(table: str, what: str, deleted: int, report: PruneReport) -> None:
+        if report.batches % args.progress_every == 0:
+            print(f"... {table}: {_format_prune(report)}", file=sys.stderr, flush=True)
+
+    url, engine = _connect(args)
+    try:
+        pruner = Pruner(engine, jobs=jobs, outbox=outbox, retention=retention, progress=progress)
+        print(_format_prune(pruner.run_once()))
+    except DBAPIError as exc:
+        raise _database_error(url, exc) from exc
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _add_health(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "health",
+        help="row counts, dead tuples, vacuum, sizes, oldest pending job, xmin holders",
+        description=(
+            "Report the job table's (and with --outbox the outbox's) row counts, dead "
+            "tuples, last (auto)vacuum and (auto)analyze, table and index sizes, the age of "
+            "the oldest ready pending job, and the sessions holding back the xmin horizon."
+        ),
+    )
+    parser.add_argument(
+        "target", metavar="TARGET", help="the job model (or its JobApp), as module:attribute"
+    )
+    parser.add_argument("--outbox", metavar="TARGET", help="also report this outbox model")
+    parser.add_argument(
+        "--database-url", metavar="URL", help=f"PostgreSQL URL (default: ${ENV_DATABASE_URL})"
+    )
+    parser.set_defaults(handler=_health)
+
+
+def _format_table(health: TableHealth) -> list[str]:
+    def when(value: dt.datetime | None) -> str:
+        return "never" if value is None else value.isoformat(timespec="seconds")
+
+    rows = ", ".join(f"{name} {n}" for name, n in health.rows.items())
+    lines = [
+        f"{health.table}: {rows}",
+        f"  live tuples {health.live_tuples}, dead tuples {health.dead_tuples}",
+        f"  last vacuum {when(health.last_vacuum)}, autovacuum {when(health.last_autovacuum)}",
+        f"  last analyze {when(health.last_analyze)}, autoanalyze {when(health.last_autoanalyze)}",
+        f"  size {health.total_bytes} bytes (table {health.table_bytes}, "
+        f"indexes {health.index_bytes})",
+    ]
+    if health.rows.keys() >= {"pending"}:
+        age = health.oldest_pending_age
+        lines.append(f"  oldest ready pending job: {'none' if age is None else age}")
+    return lines
+
+
+def _format_health(report: HealthReport) -> str:
+    lines: list[str] = []
+    for health in (report.jobs, report.outbox):
+        if health is not None:
+            lines += _format_table(health)
+    holder = report.oldest_xmin
+    if holder is None:
+        lines.append("xmin horizon: no other session holds a snapshot")
+    else:
+        lines.append(
+            f"xmin horizon held by pid {holder.pid} ({holder.state}): {holder.xmin_age} "
+            f"transactions old, transaction open for {holder.transaction_age}, "
+            f"query started {holder.query_start}"
+        )
+    return "\n".join(lines)
+
+
+def _health(args: argparse.Namespace) -> int:
+    jobs = load_table(args.target)
+    outbox = None if args.outbox is None else load_table(args.outbox)
+    url, engine = _connect(args)
+    try:
+        with engine.connect() as conn:
+            print(_format_health(table_health(conn, jobs=jobs, outbox=outbox)))
+    except DBAPIError as exc:
+        raise _database_error(url, exc) from exc
+    finally:
+        engine.dispose()
+    return 0
 
 
 def _no_arguments(function: Callable[..., object]) -> bool:
@@ -481,6 +724,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(commands)
     _add_worker(commands)
     _add_relay(commands)
+    _add_prune(commands)
+    _add_health(commands)
     return parser
 
 

@@ -41,6 +41,14 @@ from ._jobs import (
     requeue_failed_jobs,
     retry_job,
 )
+from ._maintenance import (
+    PRUNE_LOCK_PREFIX,
+    count_events_by_state,
+    oldest_ready_pending_age,
+    prune_lock,
+    table_stats,
+    xmin_holders,
+)
 from ._outbox import (
     DEFAULT_RELAY_BACKOFF,
     DEFAULT_RELAY_LEASE,
@@ -69,6 +77,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "DEFAULT_RELAY_BACKOFF",
     "DEFAULT_RELAY_LEASE",
+    "PRUNE_LOCK_PREFIX",
     "NewEvent",
     "NewJob",
     "append_event",
@@ -78,6 +87,7 @@ __all__ = [
     "compact_json",
     "complete_job",
     "complete_jobs",
+    "count_events_by_state",
     "count_jobs_by_status",
     "enqueue_job",
     "enqueue_jobs",
@@ -90,10 +100,12 @@ __all__ = [
     "mark_events_published",
     "notify_jobs",
     "notify_relays",
+    "oldest_ready_pending_age",
     "outbox_notify_channel_of",
     "parse_notify_payload",
     "prune_events",
     "prune_jobs",
+    "prune_lock",
     "reclaim_expired_jobs",
     "reject_events",
     "release_events",
@@ -104,4 +116,6 @@ __all__ = [
     "select_aggregate_heads",
     "select_claim_candidates",
     "select_parked_events",
+    "table_stats",
+    "xmin_holders",
 ]

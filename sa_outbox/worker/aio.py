@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._clock import Clock
-from .._exceptions import InvalidArgumentType
+from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._executors import Op, _adrive, _JobOps
 from .._results import BatchResult, ReclaimedJob
+from .._retention import AsyncPruner, PruneReport, Retention
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result, Written, jittered, make_settings
 from ._retry import async_retrying
@@ -71,6 +72,7 @@ class AsyncWorker:
         grace: dt.timedelta | float = 10.0,
         reclaim: bool = True,
         reclaim_interval: dt.timedelta | float | None = None,
+        retention: Retention | None = None,
         worker_id: str | None = None,
         metrics: WorkerMetrics | None = None,
         clock: Clock | None = None,
@@ -120,6 +122,12 @@ class AsyncWorker:
             clock=clock,
             metrics=metrics,
         )
+        self.pruner = (
+            None
+            if retention is None
+            else AsyncPruner(engine, jobs=app.model, retention=retention, clock=clock)
+        )
+        self._next_prune = None if self.pruner is None else timer() + self._prune_wait()
         self.install_signal_handlers = install_signal_handlers
         self._wake = asyncio.Event()
         self._finished = asyncio.Event()
@@ -368,7 +376,15 @@ class AsyncWorker:
                     self._report_error("reclaim", exc)
                     log.warning("reclaim failed (%s: %s)", type(exc).__name__, exc)
                 next_reclaim = now + jittered(s.reclaim_interval)
+            if self._next_prune is not None:
+                try:
+                    await self.prune_due()
+                except Exception as exc:
+                    self._report_error("prune", exc)
+                    log.warning("prune failed (%s: %s)", type(exc).__name__, exc)
             due = min(next_beat, next_reclaim if s.reclaim_interval is not None else next_beat)
+            if self._next_prune is not None:
+                due = min(due, self._next_prune)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._keeper_stop.wait(), max(0.0, due - self.timer()))
 
@@ -510,6 +526,45 @@ class AsyncWorker:
         if result is not None:
             self.core.hook("heartbeat", len(result.done), lost, self.timer() - sent_at)
         return result
+
+    def _prune_wait(self) -> float:
+        assert self.pruner is not None
+        interval = self.pruner.retention.interval
+        assert isinstance(interval, dt.timedelta)
+        return jittered(interval.total_seconds())
+
+    async def prune(self) -> PruneReport:
+        """See `Worker.prune`.
+
+        Example:
+            worker = AsyncWorker(app, async_engine, retention=Retention(succeeded=86400))
+            (await worker.prune()).succeeded
+            # -> 0
+        """
+        if self.pruner is None:
+            raise InvalidArgument("this worker has no retention policy (retention=Retention(...))")
+        return await self.pruner.run_once()
+
+    async def prune_due(self) -> PruneReport | None:
+        """See `Worker.prune_due`.
+
+        Example:
+            await worker.prune_due()
+            # -> None
+        """
+        if self._next_prune is None or self.timer() < self._next_prune:
+            return None
+        self._next_prune = self.timer() + self._prune_wait()
+        report = await self.prune()
+        if report.deleted or report.skipped:
+            log.info(
+                "pruned %d succeeded and %d failed jobs in %d batches%s",
+                report.succeeded,
+                report.failed,
+                report.batches,
+                " (another pruner held the lock)" if report.skipped else "",
+            )
+        return report
 
     async def reclaim(self) -> list[ReclaimedJob]:
         """See `Worker.reclaim`."""

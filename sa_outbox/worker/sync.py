@@ -24,6 +24,7 @@ from .._clock import Clock
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._executors import Op, _drive, _JobOps
 from .._results import BatchResult, ReclaimedJob
+from .._retention import Pruner, PruneReport, Retention
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result, Written, check_engine, jittered, make_settings
 from ._retry import retrying
@@ -48,7 +49,9 @@ class Worker:
     fenced by the job's lease token. It heartbeats every held job every
     ``heartbeat_interval`` (a third of ``lease`` by default) without rotating tokens, reclaims
     expired leases every ``reclaim_interval`` (half the lease; ``reclaim=False`` to leave
-    that to a separate `Reclaimer`), wakes up on the table's NOTIFY (``listen``) and polls
+    that to a separate `Reclaimer`), prunes finished jobs every ``retention.interval`` when
+    given a ``retention`` policy (`Retention`; one pruner at a time across all workers, see
+    `Pruner`), wakes up on the table's NOTIFY (``listen``) and polls
     every ``poll_interval`` anyway. Results wait up to ``ack_delay`` seconds (or until
     ``ack_batch`` are ready) so that one commit acknowledges many jobs.
 
@@ -86,6 +89,7 @@ class Worker:
         grace: dt.timedelta | float = 10.0,
         reclaim: bool = True,
         reclaim_interval: dt.timedelta | float | None = None,
+        retention: Retention | None = None,
         worker_id: str | None = None,
         metrics: WorkerMetrics | None = None,
         clock: Clock | None = None,
@@ -136,6 +140,12 @@ class Worker:
             clock=clock,
             metrics=metrics,
         )
+        self.pruner = (
+            None
+            if retention is None
+            else Pruner(engine, jobs=app.model, retention=retention, clock=clock)
+        )
+        self._next_prune = None if self.pruner is None else timer() + self._prune_wait()
         self.install_signal_handlers = install_signal_handlers
         self._cond = threading.Condition()  # an RLock: a signal handler may re-enter it
         self._stop_requested = False
@@ -345,7 +355,15 @@ class Worker:
                     self._report_error("reclaim", exc)
                     log.warning("reclaim failed (%s: %s)", type(exc).__name__, exc)
                 next_reclaim = now + jittered(s.reclaim_interval)
+            if self._next_prune is not None:
+                try:
+                    self.prune_due()
+                except Exception as exc:
+                    self._report_error("prune", exc)
+                    log.warning("prune failed (%s: %s)", type(exc).__name__, exc)
             due = min(next_beat, next_reclaim if s.reclaim_interval is not None else next_beat)
+            if self._next_prune is not None:
+                due = min(due, self._next_prune)
             self._keeper_stop.wait(max(0.0, due - self.timer()))
 
     # -- the listener --------------------------------------------------------------------
@@ -507,6 +525,46 @@ class Worker:
         if result is not None:
             self.core.hook("heartbeat", len(result.done), lost, self.timer() - sent_at)
         return result
+
+    def _prune_wait(self) -> float:
+        assert self.pruner is not None
+        interval = self.pruner.retention.interval
+        assert isinstance(interval, dt.timedelta)
+        return jittered(interval.total_seconds())
+
+    def prune(self) -> PruneReport:
+        """Prune the job table now, by the ``retention`` policy (see `Pruner`).
+
+        Example:
+            worker = Worker(app, engine, retention=Retention(succeeded=86400))
+            worker.prune().succeeded
+            # -> 0
+        """
+        if self.pruner is None:
+            raise InvalidArgument("this worker has no retention policy (retention=Retention(...))")
+        return self.pruner.run_once()
+
+    def prune_due(self) -> PruneReport | None:
+        """Prune if ``retention.interval`` (± 20 %) has passed since the last time; the keeper
+        calls this. Returns the report, or ``None`` when not due (or no policy).
+
+        Example:
+            worker.prune_due()
+            # -> None
+        """
+        if self._next_prune is None or self.timer() < self._next_prune:
+            return None
+        self._next_prune = self.timer() + self._prune_wait()
+        report = self.prune()
+        if report.deleted or report.skipped:
+            log.info(
+                "pruned %d succeeded and %d failed jobs in %d batches%s",
+                report.succeeded,
+                report.failed,
+                report.batches,
+                " (another pruner held the lock)" if report.skipped else "",
+            )
+        return report
 
     def reclaim(self) -> list[ReclaimedJob]:
         """Run the reclaimer once (every expired lease of the table, not only this worker's).

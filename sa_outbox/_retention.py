@@ -1,0 +1,252 @@
+"""Batched retention: `Pruner` and `AsyncPruner` delete finished jobs and published events.
+
+Each batch is one short transaction that first tries the table's transaction-level advisory
+lock (`sa_outbox.statements.prune_lock`) and then deletes at most ``batch`` rows picked with
+``FOR UPDATE SKIP LOCKED`` (`sa_outbox.statements.prune_jobs` / ``prune_events``). A pruner
+that finds the lock taken stops its round for that table (another process is pruning it), so
+however many workers run a pruner, only one DELETE runs on a table at a time. Pending and
+running jobs, unpublished and parked events are never candidates.
+
+Example:
+    pruner = Pruner(engine, jobs=Job, outbox=OutboxEvent,
+                    retention=Retention(succeeded=86400, failed=30 * 86400, published=86400))
+    report = pruner.run_once()
+    print(report.deleted, report.batches)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from . import statements as st
+from ._clock import Clock
+from ._exceptions import InvalidArgument, InvalidArgumentType
+from ._validation import count, duration
+from .schema import JobStatus, resolve_table
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
+    from sqlalchemy.sql import Executable
+
+__all__ = ["AsyncPruner", "PruneReport", "Pruner", "Retention"]
+
+DAY = dt.timedelta(days=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Retention:
+    """How long finished rows are kept; ``None`` keeps them forever.
+
+    ``succeeded`` / ``failed`` count from a job's last update (when it finished),
+    ``published`` from an event's ``published_at``. ``batch`` rows are deleted per
+    transaction; ``interval`` is how often a `Worker` given this policy prunes.
+
+    Example:
+        >>> Retention(succeeded=3600, failed=None).succeeded
+        datetime.timedelta(seconds=3600)
+    """
+
+    succeeded: dt.timedelta | float | None = DAY
+    failed: dt.timedelta | float | None = 30 * DAY
+    published: dt.timedelta | float | None = 7 * DAY
+    batch: int = 1000
+    interval: dt.timedelta | float = dt.timedelta(hours=1)
+
+    def __post_init__(self) -> None:
+        for name in ("succeeded", "failed", "published"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, duration(value, name, allow_zero=True))
+        count(self.batch, "batch")
+        object.__setattr__(self, "interval", duration(self.interval, "interval"))
+
+    def window(self, name: str) -> dt.timedelta | None:
+        """The window of ``"succeeded"``, ``"failed"`` or ``"published"`` as a timedelta.
+
+        Example:
+            >>> Retention(published=60).window("published")
+            datetime.timedelta(seconds=60)
+        """
+        value = getattr(self, name)
+        assert value is None or isinstance(value, dt.timedelta)
+        return value
+
+
+@dataclasses.dataclass
+class PruneReport:
+    """What a pruning round deleted, per table and status; updated after every batch.
+
+    ``skipped`` names the tables whose lock another pruner held (this round left them).
+
+    Example:
+        >>> report = PruneReport(succeeded=3, failed=1, published=2, batches=3)
+        >>> report.deleted
+        6
+    """
+
+    succeeded: int = 0
+    failed: int = 0
+    published: int = 0
+    batches: int = 0
+    skipped: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def deleted(self) -> int:
+        """All rows deleted, jobs and events."""
+        return self.succeeded + self.failed + self.published
+
+
+#: Called after every committed batch with the table, what it pruned and the report so far.
+Progress = Callable[[str, str, int, PruneReport], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    table: str
+    what: str  # "succeeded", "failed" or "published"
+    lock: Executable
+    delete: Callable[[], Executable]  # built per batch: a FakeClock's "now" is read then
+
+
+class _Base:
+    def __init__(
+        self,
+        *,
+        jobs: object | None,
+        outbox: object | None,
+        retention: Retention | None,
+        clock: Clock | None,
+        progress: Progress | None,
+    ) -> None:
+        if jobs is None and outbox is None:
+            raise InvalidArgument("a pruner needs a job model (jobs=) or an outbox (outbox=)")
+        retention = Retention() if retention is None else retention
+        if not isinstance(retention, Retention):
+            raise InvalidArgumentType(
+                f"retention must be a Retention, got {type(retention).__name__}"
+            )
+        self.jobs = None if jobs is None else resolve_table(jobs)
+        self.outbox = None if outbox is None else resolve_table(outbox)
+        self.retention = retention
+        self.clock = clock
+        self.progress = progress
+
+    def _tasks(self) -> Iterator[_Task]:
+        r = self.retention
+        if self.jobs is not None:
+            for status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+                window = r.window(str(status))
+                if window is None:
+                    continue
+                delete = functools.partial(
+                    st.prune_jobs,
+                    self.jobs,
+                    older_than=window,
+                    statuses=(status,),
+                    batch=r.batch,
+                    clock=self.clock,
+                )
+                yield _Task(self.jobs.fullname, str(status), st.prune_lock(self.jobs), delete)
+        window = r.window("published")
+        if self.outbox is not None and window is not None:
+            delete = functools.partial(
+                st.prune_events, self.outbox, older_than=window, batch=r.batch, clock=self.clock
+            )
+            yield _Task(self.outbox.fullname, "published", st.prune_lock(self.outbox), delete)
+
+    def _record(self, report: PruneReport, task: _Task, deleted: int) -> None:
+        setattr(report, task.what, getattr(report, task.what) + deleted)
+        report.batches += 1
+        if self.progress is not None:
+            self.progress(task.table, task.what, deleted, report)
+
+
+class Pruner(_Base):
+    """Prune finished jobs and published events in small transactions, one pruner at a time.
+
+    `run_once` deletes batch after batch until one deletes fewer than ``retention.batch``
+    rows, for each of succeeded jobs, failed jobs and published events whose window is not
+    ``None``. ``progress(table, what, deleted, report)`` is called after every batch.
+
+    Example:
+        pruner = Pruner(engine, jobs=Job, retention=Retention(succeeded=86400, failed=None))
+        report = pruner.run_once()   # PruneReport(succeeded=..., batches=...)
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        jobs: object | None = None,
+        outbox: object | None = None,
+        retention: Retention | None = None,
+        clock: Clock | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        super().__init__(
+            jobs=jobs, outbox=outbox, retention=retention, clock=clock, progress=progress
+        )
+        self.engine = engine
+
+    def run_once(self) -> PruneReport:
+        """One round: every batch due now; returns what was deleted."""
+        report = PruneReport()
+        for task in self._tasks():
+            if task.table in report.skipped:
+                continue
+            while True:
+                with self.engine.begin() as conn:
+                    if not conn.execute(task.lock).scalar():
+                        report.skipped.append(task.table)
+                        break
+                    deleted = conn.execute(task.delete()).rowcount
+                self._record(report, task, deleted)
+                if deleted < self.retention.batch:
+                    break
+        return report
+
+
+class AsyncPruner(_Base):
+    """`Pruner` for asyncio, on an `AsyncEngine`.
+
+    Example:
+        pruner = AsyncPruner(async_engine, jobs=Job, outbox=OutboxEvent)
+        report = await pruner.run_once()
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        jobs: object | None = None,
+        outbox: object | None = None,
+        retention: Retention | None = None,
+        clock: Clock | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        super().__init__(
+            jobs=jobs, outbox=outbox, retention=retention, clock=clock, progress=progress
+        )
+        self.engine = engine
+
+    async def run_once(self) -> PruneReport:
+        """See `Pruner.run_once`."""
+        report = PruneReport()
+        for task in self._tasks():
+            if task.table in report.skipped:
+                continue
+            while True:
+                async with self.engine.begin() as conn:
+                    if not (await conn.execute(task.lock)).scalar():
+                        report.skipped.append(task.table)
+                        break
+                    deleted = (await conn.execute(task.delete())).rowcount
+                self._record(report, task, deleted)
+                if deleted < self.retention.batch:
+                    break
+        return report

@@ -1,0 +1,136 @@
+"""Statements of the maintenance duties: the pruner's lock and the table health report.
+
+Pure builders, like the rest of the query builder: they return SQL, never run it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Select, Text, bindparam, func, select
+from sqlalchemy import text as sql_text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.sql.elements import BindParameter, TextClause
+
+from .._clock import Clock
+from ..schema import JobStatus
+from ._common import now_of, table_of
+
+_PREPARER = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]
+
+#: What the pruner's advisory lock key is derived from, before the table's qualified name.
+PRUNE_LOCK_PREFIX = "sa_outbox.prune:"
+
+_PRUNE_LOCK = f"""\
+SELECT pg_try_advisory_xact_lock(
+         hashtextextended('{PRUNE_LOCK_PREFIX}' || n.nspname || '.' || c.relname, 0)) AS locked
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass(:prune_table)"""
+
+_TABLE_STATS = """\
+SELECT n.nspname || '.' || c.relname AS name,
+       s.n_live_tup AS live_tuples, s.n_dead_tup AS dead_tuples,
+       s.last_vacuum, s.last_autovacuum, s.last_analyze, s.last_autoanalyze,
+       pg_total_relation_size(c.oid) AS total_bytes,
+       pg_relation_size(c.oid) AS table_bytes,
+       pg_indexes_size(c.oid) AS index_bytes
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_catalog.pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass(:health_table)"""
+
+_XMIN_HOLDERS = """\
+SELECT a.pid, a.state, age(a.backend_xmin) AS xmin_age, a.xact_start, a.query_start,
+       now() - a.xact_start AS transaction_age
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+  AND a.datname = current_database()
+ORDER BY age(a.backend_xmin) DESC, a.pid
+LIMIT :holders"""
+
+
+def _name(target: object, key: str) -> BindParameter[str]:
+    return bindparam(key, _PREPARER.format_table(table_of(target)), type_=Text)
+
+
+def prune_lock(target: object) -> TextClause:
+    """Try the pruner's transaction-level advisory lock of a table; one row, ``locked``.
+
+    The key is ``hashtextextended('sa_outbox.prune:' || schema || '.' || table, 0)``, from
+    the name the table resolves to, so every process pruning that table asks for the same
+    lock. No row when the table does not exist.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> prune_lock(Job).compile().params
+        {'prune_table': 'jobs'}
+    """
+    return sql_text(_PRUNE_LOCK).bindparams(_name(target, "prune_table"))
+
+
+def table_stats(target: object) -> TextClause:
+    """A table's vacuum statistics and sizes (``pg_stat_user_tables``, ``pg_*_size``).
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "n_dead_tup" in str(table_stats(Job))
+        True
+    """
+    return sql_text(_TABLE_STATS).bindparams(_name(target, "health_table"))
+
+
+def xmin_holders(limit: int = 5) -> TextClause:
+    """The other sessions of this database holding back the xmin horizon, oldest first.
+
+    Example:
+        >>> xmin_holders(3).compile().params
+        {'holders': 3}
+    """
+    return sql_text(_XMIN_HOLDERS).bindparams(holders=limit)
+
+
+def oldest_ready_pending_age(target: object, *, clock: Clock | None = None) -> Select[Any]:
+    """How long the oldest ready ``pending`` job (``run_at`` passed) has waited; NULL if none.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "min(jobs.run_at)" in str(oldest_ready_pending_age(Job))
+        True
+    """
+    t = table_of(target)
+    now = now_of(clock)
+    return select(now - func.min(t.c.run_at)).where(
+        t.c.status == JobStatus.PENDING, t.c.run_at <= now
+    )
+
+
+def count_events_by_state(target: object) -> Select[int, int, int]:
+    """How many outbox events are published, unpublished (claimable) and parked; one row.
+
+    Example:
+        >>> from sa_outbox.schema import OutboxMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class OutboxEvent(OutboxMixin, Base): __tablename__ = "outbox"
+        >>> "FILTER" in str(count_events_by_state(OutboxEvent))
+        True
+    """
+    t = table_of(target)
+    published = t.c.published_at.is_not(None)
+    parked = t.c.published_at.is_(None) & t.c.parked_at.is_not(None)
+    unpublished = t.c.published_at.is_(None) & t.c.parked_at.is_(None)
+    return select(
+        func.count().filter(published),
+        func.count().filter(unpublished),
+        func.count().filter(parked),
+    ).select_from(t)
