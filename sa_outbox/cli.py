@@ -49,8 +49,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import importlib
-import inspect
 import logging
 import os
 import sys
@@ -64,8 +62,9 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from . import __version__
 from ._demo import MAX_DEMO_JOBS, format_report, run_demo
 from ._embedded import embedded_database_url
-from ._exceptions import SaOutboxError
+from ._exceptions import InvalidArgument, SaOutboxError
 from ._health import HealthReport, TableHealth, table_health
+from ._loading import import_target, load_instance
 from ._retention import Pruner, PruneReport, Retention
 from .relay import AsyncRelay, Relay, RelayReport
 from .relay._loader import load_relay
@@ -307,31 +306,18 @@ def load_target(target: str) -> JobApp:
         ...
         sa_outbox.cli.CommandError: json:dumps is not a JobApp (nor a function returning one)
     """
-    found = _import_target(target)
-    if not isinstance(found, JobApp) and inspect.isfunction(found) and _no_arguments(found):
-        found = found()
-    if not isinstance(found, JobApp):
-        raise CommandError(f"{target} is not a JobApp (nor a function returning one)")
-    return found
+    try:
+        app: JobApp = load_instance(target, JobApp, "a JobApp", example="myapp.tasks:app")
+    except InvalidArgument as exc:
+        raise CommandError(str(exc)) from None
+    return app
 
 
 def _import_target(target: str) -> object:
-    """The object at ``module:attribute`` (a dotted attribute path; the cwd is importable)."""
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise CommandError(f"expected TARGET as module:attribute (myapp.tasks:app), got {target!r}")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        found: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CommandError(f"cannot import {module_name!r}: {exc}") from exc
-    for part in attribute.split("."):
-        try:
-            found = getattr(found, part)
-        except AttributeError:
-            raise CommandError(f"{module_name!r} has no attribute {attribute!r}") from None
-    return found
+        return import_target(target, example="myapp.models:Job")
+    except InvalidArgument as exc:
+        raise CommandError(str(exc)) from None
 
 
 def load_table(target: str) -> Table:
@@ -554,14 +540,6 @@ def _health(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     return 0
-
-
-def _no_arguments(function: Callable[..., object]) -> bool:
-    try:
-        inspect.signature(function).bind()
-    except TypeError:
-        return False
-    return True
 
 
 def _worker(args: argparse.Namespace) -> int:
