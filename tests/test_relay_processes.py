@@ -217,7 +217,7 @@ def test_relay_command_once_prints_what_it_did(
         ("no_such_module_xyz:relay", "cannot import 'no_such_module_xyz'"),
         ("json:nothing", "'json' has no attribute 'nothing'"),
         ("json:dumps", "json:dumps is not a Relay or an AsyncRelay"),
-        ("json", "expected the relay as module:attribute"),
+        ("json", "expected TARGET as module:attribute (myapp.outbox:relay)"),
     ],
 )
 def test_relay_command_explains_a_bad_target(
