@@ -235,9 +235,7 @@ def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         ),
     )
     parser.add_argument("target", metavar="TARGET", help="the JobApp, as module:attribute")
-    parser.add_argument(
-        "--database-url", metavar="URL", help=f"PostgreSQL URL (default: ${ENV_DATABASE_URL})"
-    )
+    _add_database_url(parser)
     parser.add_argument(
         "--queues", metavar="A,B", type=_names, help="queues to serve (default: all)"
     )
@@ -285,13 +283,7 @@ def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="leave expired leases to a separate reclaimer",
     )
     parser.add_argument("--worker-id", metavar="ID", help="default: host:pid:random")
-    parser.add_argument(
-        "--log-level",
-        metavar="LEVEL",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="(default: %(default)s)",
-    )
+    _add_log_level(parser)
     parser.set_defaults(handler=_worker)
 
 
@@ -361,12 +353,41 @@ def parse_duration(value: str) -> dt.timedelta:
     return dt.timedelta(seconds=int(number) * _UNITS[unit])
 
 
-def _connect(args: argparse.Namespace) -> tuple[URL, Engine]:
+def _url_of(args: argparse.Namespace) -> URL:
     raw = args.database_url or os.environ.get(ENV_DATABASE_URL)
     if not raw:
         raise CommandError(f"give the database with --database-url or ${ENV_DATABASE_URL}")
-    url = database_url(raw)
+    return database_url(raw)
+
+
+def _connect(args: argparse.Namespace) -> tuple[URL, Engine]:
+    url = _url_of(args)
     return url, _engine(url)
+
+
+def _add_database_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url", metavar="URL", help=f"PostgreSQL URL (default: ${ENV_DATABASE_URL})"
+    )
+
+
+def _add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="(default: %(default)s)",
+    )
+
+
+def _setup_logging(level: str) -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=level,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
 
 
 def _database_error(url: URL, exc: DBAPIError) -> CommandError:
@@ -427,9 +448,7 @@ def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=10,
         help="print progress every N batches (default: %(default)s)",
     )
-    parser.add_argument(
-        "--database-url", metavar="URL", help=f"PostgreSQL URL (default: ${ENV_DATABASE_URL})"
-    )
+    _add_database_url(parser)
     parser.set_defaults(handler=_prune)
 
 
@@ -486,9 +505,7 @@ def _add_health(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "target", metavar="TARGET", help="the job model (or its JobApp), as module:attribute"
     )
     parser.add_argument("--outbox", metavar="TARGET", help="also report this outbox model")
-    parser.add_argument(
-        "--database-url", metavar="URL", help=f"PostgreSQL URL (default: ${ENV_DATABASE_URL})"
-    )
+    _add_database_url(parser)
     parser.set_defaults(handler=_health)
 
 
@@ -543,17 +560,9 @@ def _health(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=args.log_level,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+    _setup_logging(args.log_level)
     app = load_target(args.target)
-    raw = args.database_url or os.environ.get(ENV_DATABASE_URL)
-    if not raw:
-        raise CommandError(f"give the database with --database-url or ${ENV_DATABASE_URL}")
-    url = database_url(raw)
+    url = _url_of(args)
     options = dict(
         queues=args.queues,
         kinds=args.kinds,
@@ -607,13 +616,7 @@ def _add_relay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "target", metavar="TARGET", help="the Relay or AsyncRelay, as module:attribute"
     )
     parser.add_argument("--once", action="store_true", help="run one cycle, print it, exit")
-    parser.add_argument(
-        "--log-level",
-        metavar="LEVEL",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="(default: %(default)s)",
-    )
+    _add_log_level(parser)
     parser.set_defaults(handler=_relay)
 
 
@@ -626,12 +629,7 @@ def _format_relay_report(report: RelayReport) -> str:
 
 
 def _relay(args: argparse.Namespace) -> int:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=args.log_level,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+    _setup_logging(args.log_level)
     relay = load_relay(args.target)
     try:
         if isinstance(relay, AsyncRelay):
