@@ -1,4 +1,5 @@
-"""Sessions: ``nox -s tests`` (the test command), ``nox -s lint``, ``nox -s typecheck``.
+"""Sessions: ``nox -s tests`` (the test command), ``nox -s lint``, ``nox -s typecheck``, and
+``nox -s bench`` (the benchmark suite; not run by default).
 
 The tests run against ``$SA_OUTBOX_TEST_DATABASE_URL`` when it is set, else against an
 embedded PostgreSQL (pgserver, installed by the ``test`` extra). Each session has its own
@@ -26,11 +27,11 @@ ROOT = Path(__file__).parent
 #: What ruff checks; a folder a clone lacks (git keeps no empty folder) is left out.
 LINT_PATHS = [
     path
-    for path in ("sa_outbox", "alembic_ext", "tests", "noxfile.py", "examples")
+    for path in ("sa_outbox", "alembic_ext", "tests", "noxfile.py", "examples", "benchmarks")
     if (ROOT / path).exists()
 ]
 #: The environment the tests read; passed through explicitly so the sessions stay hermetic.
-PASSTHROUGH_ENV = ("SA_OUTBOX_TEST_DATABASE_URL",)
+PASSTHROUGH_ENV = ("SA_OUTBOX_TEST_DATABASE_URL", "SA_OUTBOX_BENCH_DATABASE_URL")
 
 
 def _passthrough_env() -> dict[str, str]:
@@ -61,3 +62,14 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict on sa_outbox and alembic_ext (configured in pyproject.toml)."""
     session.install(".[test,typecheck]")
     session.run("mypy", "--strict", "-p", "sa_outbox", "-p", "alembic_ext")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """The benchmark suite (docs/benchmarks.md); arguments after -- go to it (--quick, --out…).
+
+    It uses the database sa_outbox_bench on the server of ``$SA_OUTBOX_BENCH_DATABASE_URL``
+    (default postgresql://postgres@127.0.0.1:5432), and ``pgbench`` from PATH.
+    """
+    session.install(".[bench]")
+    session.run("python", "-m", "benchmarks", *session.posargs, env=_passthrough_env())

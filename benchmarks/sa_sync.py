@@ -1,0 +1,398 @@
+"""``sa-sync``: sa-outbox's `JobQueue`, `Worker` (threads) and `Relay` on a sync engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from benchmarks.core import (
+    BATCH,
+    CONCURRENCY,
+    PRODUCERS,
+    RATE,
+    BenchmarkError,
+    Context,
+    Sample,
+    SystemSpec,
+    WorkloadSpec,
+    latency_metrics,
+    pace,
+    percentiles_ms,
+    rss_mb,
+    throughput,
+)
+from benchmarks.raw import run_threads, split
+from benchmarks.sa_models import (
+    check_jobs,
+    install_sa_schema,
+    make_engine,
+    models_for,
+    pre_enqueue,
+    versions,
+)
+
+__all__ = ["SYSTEM", "Acknowledged"]
+
+#: Units of work written per transaction when W8 pre-writes its backlog (not timed).
+EVENTS_PER_UNIT = 100
+
+
+class Acknowledged:
+    """Worker metrics hook: notes when the ``n``-th acknowledgement committed, then stops.
+
+    ``batch_written`` runs after the worker's write transaction committed, so the time it
+    notes is the time the ``n``-th completion became durable.
+    """
+
+    def __init__(self, n: int) -> None:
+        from sa_outbox import WorkerMetrics
+
+        outer = self
+
+        class Hook(WorkerMetrics):
+            def batch_written(self, acknowledged: int, claimed: int, seconds: float) -> None:
+                outer.acknowledged += acknowledged
+                if outer.acknowledged >= outer.n and outer.done_at is None:
+                    outer.done_at = time.perf_counter()
+                    outer.stop()
+
+        self.n = n
+        #: Set to the worker's ``stop`` once the worker exists.
+        self.stop: Any = None
+        self.acknowledged = 0
+        self.done_at: float | None = None
+        self.metrics = Hook()
+
+
+def _app(ctx: Context, handler: Any = None) -> Any:
+    from sa_outbox import JobApp
+
+    app = JobApp(models_for(ctx.schema).job)
+    app.register("noop", handler if handler is not None else (lambda job: None))
+    return app
+
+
+def _enqueue_one_at_a_time(ctx: Context) -> Sample:
+    from sa_outbox import JobQueue
+
+    engine = make_engine(ctx)
+    queue = JobQueue(models_for(ctx.schema).job)
+    try:
+        with engine.connect():
+            pass  # the pool's first connection is not part of the measurement
+        started = time.perf_counter()
+        for _ in range(ctx.n):
+            with engine.begin() as conn:
+                queue.enqueue(conn, "noop", {})
+        elapsed = time.perf_counter() - started
+    finally:
+        engine.dispose()
+    check_jobs(ctx, "pending", ctx.n)
+    return {"throughput": throughput(ctx.n, elapsed)}
+
+
+def _concurrent_producers(ctx: Context) -> Sample:
+    from sa_outbox import JobQueue
+
+    engine = make_engine(ctx, pool_size=PRODUCERS)
+    queue = JobQueue(models_for(ctx.schema).job)
+    try:
+        conns = [engine.connect() for _ in range(PRODUCERS)]
+        for conn in conns:
+            conn.close()  # PRODUCERS connections now wait in the pool
+
+        def producer(count: int) -> Any:
+            def body() -> None:
+                for _ in range(count):
+                    with engine.begin() as conn:
+                        queue.enqueue(conn, "noop", {})
+
+            return body
+
+        started, ended = run_threads([producer(k) for k in split(ctx.n, PRODUCERS)])
+    finally:
+        engine.dispose()
+    check_jobs(ctx, "pending", ctx.n)
+    return {"throughput": throughput(ctx.n, ended - started)}
+
+
+def _bulk(ctx: Context) -> Sample:
+    from sa_outbox import JobQueue, NewJob
+
+    engine = make_engine(ctx, pool_size=1)
+    queue = JobQueue(models_for(ctx.schema).job)
+    try:
+        with engine.connect():
+            pass
+        started = time.perf_counter()
+        for start in range(0, ctx.n, BATCH):
+            size = min(BATCH, ctx.n - start)
+            with engine.begin() as conn:
+                queue.enqueue_many(conn, [NewJob("noop", {}) for _ in range(size)])
+        elapsed = time.perf_counter() - started
+    finally:
+        engine.dispose()
+    check_jobs(ctx, "pending", ctx.n)
+    return {"throughput": throughput(ctx.n, elapsed)}
+
+
+def _process(ctx: Context, concurrency: int, *, rss: bool) -> Sample:
+    from sa_outbox import Worker
+
+    pre_enqueue(ctx)
+    engine = make_engine(ctx, pool_size=4)
+    done = Acknowledged(ctx.n)
+    worker = Worker(
+        _app(ctx),
+        engine,
+        queues="default",
+        concurrency=concurrency,
+        metrics=done.metrics,
+        install_signal_handlers=False,
+    )
+    done.stop = worker.stop
+    watchdog = threading.Timer(ctx.deadline(), lambda: worker.stop(now=True))
+    watchdog.daemon = True
+    sample: Sample = {}
+    try:
+        with engine.connect():
+            pass
+        if rss:
+            sample["rss_start"] = rss_mb()
+        watchdog.start()
+        started = time.perf_counter()
+        worker.run()
+        if rss:
+            sample["rss_end"] = rss_mb()
+    finally:
+        watchdog.cancel()
+        engine.dispose()
+    if done.done_at is None:
+        raise BenchmarkError(f"sa-sync: {done.acknowledged} of {ctx.n} jobs acknowledged in time")
+    check_jobs(ctx, "succeeded", ctx.n)
+    sample["throughput"] = throughput(ctx.n, done.done_at - started)
+    return sample
+
+
+def _latency(ctx: Context) -> Sample:
+    from sa_outbox import JobQueue, Worker
+
+    latencies: list[float] = []
+    all_seen = threading.Event()
+
+    def handler(job: Any) -> None:
+        latencies.append(time.time() - job.payload["t"])
+        if len(latencies) >= ctx.n:
+            all_seen.set()
+
+    engine = make_engine(ctx, pool_size=4)
+    worker = Worker(
+        _app(ctx, handler), engine, queues="default", concurrency=1, install_signal_handlers=False
+    )
+    queue = JobQueue(models_for(ctx.schema).job)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    try:
+        thread.start()
+        if not worker.listening.wait(30):
+            raise BenchmarkError("sa-sync: the worker did not start listening within 30 s")
+        started = time.perf_counter()
+        for i in range(ctx.n):
+            pace(started, i, RATE)
+            with engine.begin() as conn:
+                queue.enqueue(conn, "noop", {"t": time.time()})
+        all_seen.wait(30)
+    finally:
+        worker.stop()
+        thread.join(30)
+        engine.dispose()
+    return latency_metrics(latencies, ctx.n)
+
+
+def write_events(ctx: Context, engine: Any, count: int) -> None:
+    """Pre-write ``count`` orders with their OrderPlaced event, `EVENTS_PER_UNIT` per commit."""
+    from sqlalchemy.orm import sessionmaker
+
+    import sa_outbox
+
+    m = models_for(ctx.schema)
+    session_factory = sessionmaker(engine)
+    sa_outbox.install(session_factory)
+    for start in range(0, count, EVENTS_PER_UNIT):
+        with session_factory() as session, session.begin():
+            for _ in range(min(EVENTS_PER_UNIT, count - start)):
+                order = m.order(total_cents=1)
+                session.add(order)
+                session.add(m.order_placed(order=order, total_cents=1))
+
+
+def check_published(ctx: Context, expected: int) -> None:
+    """Raise unless exactly ``expected`` outbox events are marked published."""
+    found = int(
+        ctx.db.scalar(ctx.schema, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+    )
+    if found != expected:
+        raise BenchmarkError(f"{ctx.system}: {found} events published, expected {expected}")
+
+
+def _outbox(ctx: Context) -> Sample:
+    """W8: a backlog drained by the relay (events/s), then commit → publish latency."""
+    from sqlalchemy.orm import sessionmaker
+
+    import sa_outbox
+    from sa_outbox import Relay
+    from sa_outbox.publishers.callable import CallablePublisher
+
+    m = models_for(ctx.schema)
+    engine = make_engine(ctx, pool_size=4)
+    sample: Sample = {}
+    try:
+        # Throughput: the relay's cycle (claim → publish → mark, one commit) on a backlog.
+        write_events(ctx, engine, ctx.n)
+        published: list[Any] = []
+        relay = Relay(engine, m.outbox, CallablePublisher(published.append), listen=False)
+        try:
+            started = time.perf_counter()
+            total = 0
+            while total < ctx.n:
+                report = relay.run_once()
+                if report.idle:
+                    raise BenchmarkError(f"sa-sync relay idle after {total} of {ctx.n} events")
+                total += report.published
+            sample["throughput"] = throughput(ctx.n, time.perf_counter() - started)
+        finally:
+            relay.close()
+        check_published(ctx, ctx.n)
+
+        # Latency: one order and its event per unit of work at RATE per second, relay running.
+        session_factory = sessionmaker(engine)
+        sa_outbox.install(session_factory)
+        committed: dict[str, float] = {}
+        published_at: dict[str, float] = {}
+        count = min(ctx.n, 1000 if not ctx.quick else ctx.n)
+
+        def record(event: Any) -> None:
+            published_at[event.aggregate_id] = time.time()
+
+        relay = Relay(engine, m.outbox, CallablePublisher(record))
+        thread = threading.Thread(target=relay.run, daemon=True)
+        thread.start()
+        try:
+            time.sleep(0.5)  # let the relay reach its LISTEN (no correctness depends on it)
+            started = time.perf_counter()
+            for i in range(count):
+                pace(started, i, RATE)
+                with session_factory() as session:
+                    with session.begin():
+                        order = m.order(total_cents=1)
+                        session.add(order)
+                        session.add(m.order_placed(order=order, total_cents=1))
+                        session.flush()
+                        key = str(order.id)
+                    committed[key] = time.time()
+            deadline = time.monotonic() + 30
+            while len(published_at) < count and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            relay.stop()
+            thread.join(30)
+            relay.close()
+        if len(published_at) != count:
+            raise BenchmarkError(f"sa-sync relay published {len(published_at)} of {count}")
+        sample.update(percentiles_ms([published_at[k] - committed[k] for k in committed]))
+    finally:
+        engine.dispose()
+    return sample
+
+
+def _memory(ctx: Context) -> Sample:
+    """MEM: RSS while one worker (concurrency 8) processes ``n`` jobs (1,000,000 by default)."""
+    from sa_outbox import Worker
+
+    pre_enqueue(ctx)
+    engine = make_engine(ctx, pool_size=4)
+    done = Acknowledged(ctx.n)
+    worker = Worker(
+        _app(ctx),
+        engine,
+        queues="default",
+        concurrency=CONCURRENCY,
+        metrics=done.metrics,
+        install_signal_handlers=False,
+    )
+    done.stop = worker.stop
+    peak = [rss_mb()]
+    stop_sampling = threading.Event()
+
+    def sample_rss() -> None:
+        while not stop_sampling.wait(1.0):
+            peak[0] = max(peak[0], rss_mb())
+
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    try:
+        with engine.connect():
+            pass
+        start_rss = rss_mb()
+        sampler.start()
+        started = time.perf_counter()
+        worker.run()
+        end_rss = rss_mb()
+    finally:
+        stop_sampling.set()
+        engine.dispose()
+    if done.done_at is None:
+        raise BenchmarkError(f"sa-sync: {done.acknowledged} of {ctx.n} jobs acknowledged")
+    check_jobs(ctx, "succeeded", ctx.n)
+    return {
+        "throughput": throughput(ctx.n, done.done_at - started),
+        "rss_start": start_rss,
+        "rss_end": end_rss,
+        "rss_max": max(peak[0], end_rss),
+    }
+
+
+SYSTEM = SystemSpec(
+    name="sa-sync",
+    install=install_sa_schema,
+    versions=versions,
+    workloads={
+        "W1": WorkloadSpec(
+            _enqueue_one_at_a_time, "JobQueue.enqueue, one engine.begin() transaction per job"
+        ),
+        "W2": WorkloadSpec(
+            _concurrent_producers,
+            f"{PRODUCERS} threads sharing one engine (pool {PRODUCERS}), JobQueue.enqueue, "
+            "one transaction per job",
+        ),
+        "W3": WorkloadSpec(
+            _bulk, f"JobQueue.enqueue_many, {BATCH} NewJob per call, one transaction each"
+        ),
+        "W4": WorkloadSpec(
+            lambda ctx: _process(ctx, 1, rss=True),
+            "Worker(concurrency=1, queues='default', defaults otherwise: batch = concurrency, "
+            "ack_delay 5 ms, LISTEN on); 1 handler thread; RSS of the process at start and end",
+        ),
+        "W5": WorkloadSpec(
+            lambda ctx: _process(ctx, CONCURRENCY, rss=False),
+            f"one Worker(concurrency={CONCURRENCY}): {CONCURRENCY} handler threads in one "
+            "process, one loop thread claiming and acknowledging in batches",
+        ),
+        "W6": WorkloadSpec(
+            _latency,
+            f"Worker(concurrency=1) listening (NOTIFY trigger); 1 producer at {RATE:g} jobs/s, "
+            "JobQueue.enqueue one transaction each",
+        ),
+        "W8": WorkloadSpec(
+            _outbox,
+            f"Order + OrderPlaced domain event via sa_outbox.install; throughput: Relay.run_once "
+            f"(batch 100, CallablePublisher) on a pre-written backlog ({EVENTS_PER_UNIT} units of "
+            f"work per commit); latency: one unit of work per commit at {RATE:g}/s with Relay.run "
+            "listening, commit returned → publisher called",
+        ),
+        "MEM": WorkloadSpec(
+            _memory,
+            f"one Worker(concurrency={CONCURRENCY}) on n pre-enqueued jobs; RSS at start, end, "
+            "and the peak sampled every second",
+        ),
+    },
+)
