@@ -31,6 +31,8 @@ Sample = dict[str, float]
 UNITS: dict[str, str] = {
     "throughput": "jobs/s",
     "throughput_unnest": "jobs/s",
+    "throughput_fresh": "jobs/s",
+    "after_vs_fresh": "x",
     "throughput_executemany": "jobs/s",
     "events_throughput": "events/s",
     "p50": "ms",

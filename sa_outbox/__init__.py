@@ -42,6 +42,7 @@ from ._results import (
 )
 from ._retention import AsyncPruner, Pruner, PruneReport, Retention
 from ._session_hooks import enqueue, install
+from ._vacuum import AsyncVacuumer, Vacuumer, VacuumPolicy, VacuumReport
 from .relay import (
     AsyncRelay,
     EventsRejected,
@@ -86,6 +87,7 @@ __all__ = [
     "AsyncPruner",
     "AsyncReclaimer",
     "AsyncRelay",
+    "AsyncVacuumer",
     "AsyncWorker",
     "Backoff",
     "BatchResult",
@@ -137,6 +139,9 @@ __all__ = [
     "TableHealth",
     "UnknownEventType",
     "UnknownJobKind",
+    "VacuumPolicy",
+    "VacuumReport",
+    "Vacuumer",
     "Worker",
     "WorkerMetrics",
     "XminHolder",

@@ -47,6 +47,8 @@ from ._maintenance import (
     oldest_ready_pending_age,
     prune_lock,
     table_stats,
+    vacuum_candidates,
+    vacuum_table,
     xmin_holders,
 )
 from ._outbox import (
@@ -117,5 +119,7 @@ __all__ = [
     "select_claim_candidates",
     "select_parked_events",
     "table_stats",
+    "vacuum_candidates",
+    "vacuum_table",
     "xmin_holders",
 ]

@@ -134,3 +134,49 @@ def count_events_by_state(target: object) -> Select[int, int, int]:
         func.count().filter(unpublished),
         func.count().filter(parked),
     ).select_from(t)
+
+
+_VACUUM_CANDIDATES = """\
+SELECT n.nspname AS schema_name, c.relname AS table_name, s.n_dead_tup AS dead_tuples,
+       pg_catalog.pg_has_role(c.relowner, 'USAGE') AS owned
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+JOIN pg_catalog.pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass(:vacuum_table)
+   OR c.oid IN (SELECT i.inhrelid FROM pg_catalog.pg_inherits AS i
+                WHERE i.inhparent = to_regclass(:vacuum_table))
+ORDER BY s.n_dead_tup DESC, n.nspname, c.relname"""
+
+
+def vacuum_candidates(target: object) -> TextClause:
+    """A table's dead-tuple count, with one row per partition when it is partitioned.
+
+    Rows: ``schema_name``, ``table_name``, ``dead_tuples`` (``pg_stat_user_tables``) and
+    ``owned`` (whether the current role may ``VACUUM`` it), most dead tuples first. A
+    partitioned parent has no statistics of its own: its partitions are listed instead.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> vacuum_candidates(Job).compile().params
+        {'vacuum_table': 'jobs'}
+    """
+    return sql_text(_VACUUM_CANDIDATES).bindparams(_name(target, "vacuum_table"))
+
+
+def vacuum_table(schema: str, name: str) -> TextClause:
+    """``VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON)`` of one table; run it outside a transaction.
+
+    ``SKIP_LOCKED`` returns at once when another vacuum (autovacuum included) holds the
+    table. ``INDEX_CLEANUP ON`` matters: with the default (``AUTO``) PostgreSQL skips the
+    index pass when dead rows touch under 2 % of a big table's pages, which is exactly the
+    case of a large history with a dead head in the ready index.
+
+    Example:
+        >>> str(vacuum_table("work", "jobs"))
+        'VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) work.jobs'
+    """
+    qualified = f"{_PREPARER.quote_schema(schema)}.{_PREPARER.quote(name)}"
+    return sql_text(f"VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) {qualified}")

@@ -1,0 +1,212 @@
+"""Issue 6's dead-tuple design options, side by side: ``python -m benchmarks.bloat_options``.
+
+Each option flows the same number of jobs through a fresh table with the article's claim
+(batch 20) and one batched completion per batch, on one connection, in COPY batches of
+2,000, under default autovacuum (on a throwaway cluster when the given server runs without
+it). Every 20,000 jobs it records the claim+complete rate of that window, the table's dead
+tuples and the ready index's size. Options:
+
+- ``article``: the article's table as is; autovacuum with the server's defaults.
+- ``tuned``: per-table autovacuum settings (scale factor 0, threshold 1,000, no cost delay).
+- ``delete``: ``tuned``, and completion deletes the row instead of marking it succeeded
+  (graphile-worker's choice; the table holds only pending and running jobs).
+- ``tuned+vacuum`` / ``delete+vacuum``: the same, plus a ``VACUUM (SKIP_LOCKED,
+  INDEX_CLEANUP ON)`` every 2 s past 10,000 dead tuples, from another connection: what
+  sa-outbox's worker does (`sa_outbox.Vacuumer`).
+
+Results: ``bloat_options.json``, ``bloat_options.md`` and ``bloat_options.png`` in ``--out``.
+
+Example::
+
+    python -m benchmarks.bloat_options --jobs 500000 --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import pathlib
+import statistics
+import threading
+import time
+from typing import Any
+
+from benchmarks.database import Database
+from benchmarks.w7_history import SCHEMA, autovacuum_on, connect, conninfo_for
+
+__all__ = ["OPTIONS", "main", "measure"]
+
+OPTIONS = ["article", "tuned", "delete", "tuned+vacuum", "delete+vacuum"]
+WINDOW = 20_000
+CHUNK = 2_000
+TUNED = (
+    "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, "
+    "autovacuum_vacuum_cost_delay = 0, autovacuum_vacuum_insert_scale_factor = 0, "
+    "autovacuum_vacuum_insert_threshold = 1000, autovacuum_analyze_scale_factor = 0.02"
+)
+_DDL = """
+CREATE TYPE job_status AS ENUM ('pending', 'running', 'succeeded', 'failed');
+CREATE TABLE jobs (
+  id uuid PRIMARY KEY DEFAULT gen_random_uuid(), kind text NOT NULL, payload jsonb NOT NULL,
+  queue text NOT NULL DEFAULT 'default', status job_status NOT NULL DEFAULT 'pending',
+  priority int NOT NULL DEFAULT 0, run_at timestamptz NOT NULL DEFAULT now(),
+  attempts int NOT NULL DEFAULT 0, max_attempts int NOT NULL DEFAULT 8,
+  lease_until timestamptz, lease_token uuid, worker_id text, deduplication_key text,
+  last_error text, created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now()) {storage};
+CREATE INDEX jobs_ready_idx ON jobs (queue, priority DESC, run_at, id) WHERE status = 'pending';
+CREATE UNIQUE INDEX jobs_dedup_idx ON jobs (deduplication_key)
+  WHERE deduplication_key IS NOT NULL;
+CREATE INDEX jobs_expired_lease_idx ON jobs (lease_until) WHERE status = 'running';
+CREATE INDEX jobs_retention_idx ON jobs (status, updated_at);
+"""
+_CLAIM = """
+WITH next AS (
+  SELECT id FROM jobs WHERE queue = 'default' AND status = 'pending' AND run_at <= now()
+  ORDER BY priority DESC, run_at, id LIMIT 20 FOR UPDATE SKIP LOCKED)
+UPDATE jobs AS j SET status = 'running', attempts = j.attempts + 1,
+  lease_until = now() + interval '30 seconds', lease_token = gen_random_uuid(),
+  worker_id = 'w', updated_at = now()
+FROM next WHERE j.id = next.id RETURNING j.id, j.lease_token"""
+_COMPLETE = """
+UPDATE jobs AS j SET status = 'succeeded', lease_until = NULL, updated_at = now()
+FROM unnest(%s::uuid[], %s::uuid[]) AS d(id, token)
+WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'"""
+_DELETE = """
+DELETE FROM jobs AS j USING unnest(%s::uuid[], %s::uuid[]) AS d(id, token)
+WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'"""
+_STATS = """
+SELECT s.n_dead_tup, pg_relation_size(to_regclass('jobs_ready_idx'))
+FROM pg_stat_user_tables AS s WHERE s.relid = to_regclass('jobs')"""
+
+
+def _vacuum_loop(conninfo: str, stop: threading.Event, count: list[int]) -> None:
+    with connect(conninfo, autocommit=True) as conn:
+        while not stop.wait(2.0):
+            row = conn.execute(_STATS).fetchone()
+            if row and row[0] >= 10_000:
+                conn.execute("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) jobs")
+                count[0] += 1
+
+
+def measure(conninfo: str, option: str, jobs: int) -> list[dict[str, Any]]:
+    """Flow ``jobs`` jobs through a fresh table set up as ``option``; one sample per window."""
+    storage = "" if option == "article" else f"WITH ({TUNED})"
+    with connect(conninfo, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        conn.execute(f"CREATE SCHEMA {SCHEMA}")
+        conn.execute(_DDL.format(storage=storage))
+    complete = _DELETE if option.startswith("delete") else _COMPLETE
+    stop = threading.Event()
+    vacuums = [0]
+    vacuumer = threading.Thread(target=_vacuum_loop, args=(conninfo, stop, vacuums), daemon=True)
+    if option.endswith("+vacuum"):
+        vacuumer.start()
+    samples: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    done = in_window = 0
+    busy = 0.0
+    try:
+        with connect(conninfo, prepare_threshold=0) as conn:
+            while done < jobs:
+                with conn.cursor() as cur, cur.copy("COPY jobs (kind, payload) FROM STDIN") as cp:
+                    for _ in range(CHUNK):
+                        cp.write_row(("noop", "{}"))
+                conn.commit()
+                while rows := conn.execute(_CLAIM).fetchall():
+                    t0 = time.perf_counter()
+                    conn.commit()
+                    conn.execute(complete, ([r[0] for r in rows], [r[1] for r in rows]))
+                    conn.commit()
+                    busy += time.perf_counter() - t0
+                    done += len(rows)
+                    in_window += len(rows)
+                if in_window >= WINDOW:
+                    dead, index_bytes = conn.execute(_STATS).fetchone() or (0, 0)
+                    conn.commit()
+                    samples.append(
+                        {
+                            "t": round(time.perf_counter() - started, 1),
+                            "done": done,
+                            "rate": round(in_window / busy),
+                            "dead_tuples": dead,
+                            "ready_index_kb": (index_bytes or 0) // 1024,
+                            "library_vacuums": vacuums[0],
+                        }
+                    )
+                    in_window, busy = 0, 0.0
+    finally:
+        stop.set()
+    return samples
+
+
+def _summary(results: dict[str, list[dict[str, Any]]]) -> str:
+    lines = [
+        "| option | first window (jobs/s) | median window | worst window | max dead tuples "
+        "| ready index at end |",
+        "|---|---|---|---|---|---|",
+    ]
+    for option, samples in results.items():
+        rates = [s["rate"] for s in samples]
+        lines.append(
+            f"| {option} | {rates[0]:,} | {statistics.median(rates):,.0f} | {min(rates):,} "
+            f"| {max(s['dead_tuples'] for s in samples):,} "
+            f"| {samples[-1]['ready_index_kb']:,} kB |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _plot(out: pathlib.Path, results: dict[str, list[dict[str, Any]]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (dead_ax, rate_ax) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for i, (option, samples) in enumerate(results.items()):
+        done = [s["done"] / 1000 for s in samples]
+        dead_ax.plot(done, [s["dead_tuples"] for s in samples], label=option, color=f"C{i}")
+        rate_ax.plot(done, [s["rate"] for s in samples], label=option, color=f"C{i}")
+    dead_ax.set_ylabel("dead tuples")
+    dead_ax.set_title("Dead tuples and claim rate while jobs flow, default autovacuum")
+    rate_ax.set_ylabel("claim + complete, jobs/s")
+    rate_ax.set_xlabel("thousands of jobs processed")
+    for ax in (dead_ax, rate_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "bloat_options.png", dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure every option; write the JSON, Markdown table and chart."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bloat_options")
+    parser.add_argument("--database-url", default=None)
+    parser.add_argument("--jobs", type=int, default=500_000)
+    parser.add_argument("--options", default=",".join(OPTIONS))
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    from benchmarks.default_cluster import default_cluster
+
+    db = Database.from_url(args.database_url)
+    url = db.sqlalchemy_url().render_as_string(hide_password=False)
+    results: dict[str, list[dict[str, Any]]] = {}
+    with contextlib.ExitStack() as stack:
+        if not autovacuum_on(url):
+            url = stack.enter_context(default_cluster())
+        for option in args.options.split(","):
+            print(f"-- {option}: {args.jobs:,} jobs", flush=True)
+            results[option] = measure(conninfo_for(url), option, args.jobs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bloat_options.json").write_text(json.dumps(results) + "\n")
+    table = _summary(results)
+    (args.out / "bloat_options.md").write_text(table)
+    _plot(args.out, results)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
