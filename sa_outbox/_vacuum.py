@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine, Table
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["AsyncVacuumer", "VacuumPolicy", "VacuumReport", "Vacuumer"]
+__all__ = ["DEFAULT_VACUUM", "AsyncVacuumer", "VacuumPolicy", "VacuumReport", "Vacuumer"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +68,10 @@ class VacuumPolicy:
         """
         assert isinstance(self.interval, dt.timedelta)
         return self.interval.total_seconds()
+
+
+#: What a `Worker` or a `Relay` is given unless told otherwise (``vacuum=None`` turns it off).
+DEFAULT_VACUUM = VacuumPolicy()
 
 
 @dataclasses.dataclass

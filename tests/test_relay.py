@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session
 
-from sa_outbox import Backoff, ClaimedEvent, FakeClock, InvalidArgument, Outbox
+from sa_outbox import Backoff, ClaimedEvent, FakeClock, InvalidArgument, Outbox, VacuumPolicy
 from sa_outbox.publishers.callable import CallablePublisher
 from sa_outbox.relay import EventsRejected, PublisherUnavailable, Relay
 
@@ -455,6 +455,35 @@ def test_retention_prunes_only_old_published_events(
     assert relay.prune_once() == 1
     assert sorted(r.event_type for r in event_rows(engine)) == ["Poison", "Recent"]
     assert make_relay(CallablePublisher(recorder), retention=None).prune_once() == 0
+
+
+def test_the_relay_vacuums_the_outbox_past_its_dead_tuple_threshold(
+    engine: Engine, outbox: Outbox, recorder: Recorder, clock: FakeClock, database_url: str
+) -> None:
+    # Each published event leaves a dead entry in the claim's partial index. One pooled
+    # connection does all the relay's writes, so forcing its statistics out is enough to
+    # read exact counts (see tests/test_vacuum.py).
+    append(engine, outbox, [(f"agg-{i}", "Placed") for i in range(300)])
+    one = create_engine(database_url, pool_size=1, max_overflow=0)
+    policy = VacuumPolicy(threshold=200)
+    relay = Relay(
+        one, OutboxEvent, CallablePublisher(recorder), batch=100, clock=clock, vacuum=policy
+    )
+    try:
+        while relay.run_once().published:
+            pass
+        with one.connect() as conn:
+            conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        report = relay.vacuum_once()
+    finally:
+        relay.close()
+        one.dispose()
+    assert report is not None
+    assert report.vacuumed == [f"{TEST_SCHEMA}.outbox"]
+    assert counts(engine) == {"published": 300, "parked": 0, "pending": 0}
+    off = Relay(engine, OutboxEvent, CallablePublisher(recorder), vacuum=None)
+    assert off.vacuum_once() is None
+    off.close()
 
 
 def test_stop_ends_a_relay_that_backs_off_from_a_down_broker(

@@ -128,3 +128,38 @@ async def test_async_outbox_parks_and_requeues(engine: Engine, async_engine: Asy
     assert released.all_done
     [row] = event_rows(engine)
     assert (row.attempts, row.parked_at, row.relay_token) == (0, None, None)
+
+
+async def test_the_async_relay_vacuums_the_outbox_past_its_threshold(
+    engine: Engine, database_url: str
+) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from sqlalchemy.orm import Session
+
+    from sa_outbox import VacuumPolicy
+
+    with Session(engine) as session, session.begin():
+        for i in range(150):
+            Outbox(OutboxEvent).append(
+                session,
+                event_type="Placed",
+                aggregate_type="order",
+                aggregate_id=f"a{i}",
+                payload={},
+            )
+    one = create_async_engine(database_url, pool_size=1, max_overflow=0)
+    published: list[ClaimedEvent] = []
+    relay = AsyncRelay(
+        one, OutboxEvent, CallablePublisher(published.append), vacuum=VacuumPolicy(threshold=100)
+    )
+    try:
+        while (await relay.run_once()).published:
+            pass
+        async with one.connect() as conn:  # the relay's one connection: exact statistics
+            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        report = await relay.vacuum_once()
+    finally:
+        await relay.aclose()
+        await one.dispose()
+    assert len(published) == 150
+    assert report is not None and report.vacuumed == [f"{TEST_SCHEMA}.outbox"]

@@ -23,6 +23,7 @@ from .._exceptions import InvalidArgumentType
 from .._executors import _adrive
 from .._outbox_store import _OutboxOps
 from .._results import ClaimedEvent
+from .._vacuum import DEFAULT_VACUUM, AsyncVacuumer, VacuumPolicy, VacuumReport
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
 from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle
@@ -69,6 +70,7 @@ class AsyncRelay:
         listen: bool = True,
         retention: dt.timedelta | float | None = DEFAULT_RETENTION,
         prune_interval: dt.timedelta | float = 300.0,
+        vacuum: VacuumPolicy | None = DEFAULT_VACUUM,
         retry_initial: dt.timedelta | float = 0.5,
         retry_max: dt.timedelta | float = 30.0,
         clock: Clock | None = None,
@@ -111,6 +113,7 @@ class AsyncRelay:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: AsyncListener | None = None
         self._next_prune = 0.0
+        self._vacuumer = None if vacuum is None else AsyncVacuumer(engine, model, vacuum)
 
     @property
     def name(self) -> str:
@@ -174,6 +177,17 @@ class AsyncRelay:
             if n < 1000:
                 return deleted
 
+    async def vacuum_once(self) -> VacuumReport | None:
+        """Vacuum the outbox table now if it has ``vacuum.threshold`` dead tuples (see
+        `sa_outbox.Vacuumer`); ``None`` when the relay was built with ``vacuum=None``.
+
+        Example:
+            report = await relay.vacuum_once()
+        """
+        if self._vacuumer is None:
+            return None
+        return await self._vacuumer.run_once()
+
     async def run(self) -> None:
         """Relay until `stop` is called.
 
@@ -192,6 +206,7 @@ class AsyncRelay:
                 if report is None:
                     break
                 await self._prune_if_due()
+                await self._vacuum_if_due()
                 if report.claimed == 0 or report.published == 0:
                     await self._wait_for_work()
         finally:
@@ -264,6 +279,22 @@ class AsyncRelay:
         else:
             if deleted:
                 LOGGER.info("relay %s: pruned %d published events", self.name, deleted)
+
+    async def _vacuum_if_due(self) -> None:
+        if self._vacuumer is None or not self._vacuumer.due():
+            return
+        try:
+            report = await self._vacuumer.run_once()
+        except DBAPIError as exc:
+            LOGGER.warning("relay %s: vacuum failed: %s", self.name, describe(exc))
+        else:
+            for table in report.vacuumed:
+                LOGGER.info(
+                    "relay %s: vacuumed %s (%d dead tuples)",
+                    self.name,
+                    table,
+                    report.dead_tuples[table],
+                )
 
     async def _wait_for_work(self) -> None:
         assert self._stopping is not None

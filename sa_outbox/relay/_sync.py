@@ -25,6 +25,7 @@ from .._exceptions import InvalidArgumentType
 from .._executors import _drive
 from .._outbox_store import _OutboxOps
 from .._results import ClaimedEvent
+from .._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, VacuumReport
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
 from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle
@@ -85,7 +86,9 @@ class Relay:
     from the outbox table (``listen``) or ``poll_interval``; when the broker or the
     database cannot be reached it backs off (tenacity: exponential with jitter, from
     ``retry_initial`` to ``retry_max``); every ``prune_interval`` it deletes events
-    published more than ``retention`` ago (``None``: never).
+    published more than ``retention`` ago (``None``: never); and it vacuums the outbox
+    table past ``vacuum.threshold`` dead tuples (`sa_outbox.Vacuumer`; ``None``: never),
+    because every published event leaves a dead entry in the index that claims walk.
 
     ``lease``: how long a claim holds its events; another relay takes them over after it
     (so a relay killed mid-batch loses nothing). ``publish_timeout`` (default half the
@@ -121,6 +124,7 @@ class Relay:
         listen: bool = True,
         retention: dt.timedelta | float | None = DEFAULT_RETENTION,
         prune_interval: dt.timedelta | float = 300.0,
+        vacuum: VacuumPolicy | None = DEFAULT_VACUUM,
         retry_initial: dt.timedelta | float = 0.5,
         retry_max: dt.timedelta | float = 30.0,
         clock: Clock | None = None,
@@ -163,6 +167,7 @@ class Relay:
         self._wake = WakePipe()
         self._listener: SyncListener | None = None
         self._next_prune = 0.0
+        self._vacuumer = None if vacuum is None else Vacuumer(engine, model, vacuum)
 
     @property
     def name(self) -> str:
@@ -229,6 +234,17 @@ class Relay:
             if n < 1000:
                 return deleted
 
+    def vacuum_once(self) -> VacuumReport | None:
+        """Vacuum the outbox table now if it has ``vacuum.threshold`` dead tuples (see
+        `sa_outbox.Vacuumer`); ``None`` when the relay was built with ``vacuum=None``.
+
+        Example:
+            report = relay.vacuum_once()
+        """
+        if self._vacuumer is None:
+            return None
+        return self._vacuumer.run_once()
+
     # -- the loop ---------------------------------------------------------------------
 
     def run(self) -> None:
@@ -247,6 +263,7 @@ class Relay:
                 if report is None:
                     break
                 self._prune_if_due()
+                self._vacuum_if_due()
                 if report.claimed == 0 or report.published == 0:
                     self._wait_for_work()
         finally:
@@ -319,6 +336,22 @@ class Relay:
         else:
             if deleted:
                 LOGGER.info("relay %s: pruned %d published events", self.name, deleted)
+
+    def _vacuum_if_due(self) -> None:
+        if self._vacuumer is None or not self._vacuumer.due():
+            return
+        try:
+            report = self._vacuumer.run_once()
+        except DBAPIError as exc:
+            LOGGER.warning("relay %s: vacuum failed: %s", self.name, describe(exc))
+        else:
+            for table in report.vacuumed:
+                LOGGER.info(
+                    "relay %s: vacuumed %s (%d dead tuples)",
+                    self.name,
+                    table,
+                    report.dead_tuples[table],
+                )
 
     def _wait_for_work(self) -> None:
         timeout = self.settings.poll_interval.total_seconds()
