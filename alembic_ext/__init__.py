@@ -1,8 +1,8 @@
 """sa-outbox for Alembic: operations for the library's tables, and an autogenerate hook.
 
 One line in ``env.py`` sets it up (it registers ``op.create_job_queue``,
-``op.drop_job_queue``, ``op.create_outbox``, ``op.drop_outbox``, their renderers and the
-autogenerate hook)::
+``op.drop_job_queue``, ``op.create_outbox``, ``op.drop_outbox``, ``op.set_table_storage``,
+their renderers and the autogenerate hook)::
 
     import alembic_ext  # noqa: F401
 
@@ -33,11 +33,13 @@ from .operations import (
     CreateOutboxOp,
     DropJobQueueOp,
     DropOutboxOp,
+    SetTableStorageOp,
     SupportsInvoke,
     create_job_queue,
     create_outbox,
     drop_job_queue,
     drop_outbox,
+    set_table_storage,
 )
 
 __all__ = [
@@ -45,9 +47,11 @@ __all__ = [
     "CreateOutboxOp",
     "DropJobQueueOp",
     "DropOutboxOp",
+    "SetTableStorageOp",
     "SupportsInvoke",
     "create_job_queue",
     "create_outbox",
     "drop_job_queue",
     "drop_outbox",
+    "set_table_storage",
 ]

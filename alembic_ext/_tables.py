@@ -8,16 +8,19 @@ user's models declare.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeGuard
 
 from sqlalchemy import Enum, Table
 from sqlalchemy.orm import registry
 from sqlalchemy.types import TypeEngine
 
+from sa_outbox._partition_ddl import PartitionInterval
 from sa_outbox._validation import identifier, optional_identifier
 from sa_outbox.schema import (
     JOB_STATUS_TYPE_NAME,
+    RECOMMENDED_JOB_STORAGE,
+    RECOMMENDED_OUTBOX_STORAGE,
     TABLE_KIND_INFO_KEY,
     JobMixin,
     OutboxMixin,
@@ -28,10 +31,26 @@ TableKind = Literal["job", "outbox"]
 KINDS: tuple[TableKind, ...] = ("job", "outbox")
 _MIXINS: dict[TableKind, type] = {"job": JobMixin, "outbox": OutboxMixin}
 _WHAT: dict[TableKind, str] = {"job": "job table name", "outbox": "outbox table name"}
+StorageSettings = Mapping[str, int | float | bool]
+#: The storage settings each kind of table gets when none are given.
+RECOMMENDED_STORAGE: dict[TableKind, StorageSettings] = {
+    "job": RECOMMENDED_JOB_STORAGE,
+    "outbox": RECOMMENDED_OUTBOX_STORAGE,
+}
 
 
-def build_table(kind: TableKind, table_name: str, schema: str | None = None) -> Table:
+def build_table(
+    kind: TableKind,
+    table_name: str,
+    schema: str | None = None,
+    *,
+    partition_interval: PartitionInterval | None = None,
+    storage: StorageSettings | Literal["recommended"] | None = "recommended",
+) -> Table:
     """The table `JobMixin` / `OutboxMixin` declares, on a MetaData of its own.
+
+    ``partition_interval`` and ``storage`` are the model's ``__partition_interval__`` and
+    ``__table_storage__`` (``"recommended"``: the mixin's default).
 
     Its ``job_status`` column type has ``create_type=False`` (SQLAlchemy 2.1 would otherwise
     emit ``CREATE TYPE`` from the table's ``before_create`` event). The operations create the
@@ -40,7 +59,14 @@ def build_table(kind: TableKind, table_name: str, schema: str | None = None) -> 
     """
     name = identifier(table_name, _WHAT[kind])
     schema = optional_identifier(schema, "schema")
-    namespace = {"__tablename__": name, "__table_schema__": schema, "__module__": __name__}
+    namespace: dict[str, Any] = {
+        "__tablename__": name,
+        "__table_schema__": schema,
+        "__partition_interval__": partition_interval,
+        "__module__": __name__,
+    }
+    if storage != "recommended":
+        namespace["__table_storage__"] = storage
     model = type(f"_{kind.capitalize()}Table", (_MIXINS[kind],), namespace)
     throwaway = registry()
     try:

@@ -15,7 +15,11 @@ whole setup. It edits the operations Alembic produced:
 - a table removed from the models whose columns are exactly the library's: ``drop_table``
   and the index drops become ``drop_job_queue`` / ``drop_outbox``;
 - an existing table of the library: a partial index whose ``WHERE`` differs from the model is
-  dropped and created again (Alembic does not compare index predicates).
+  dropped and created again (Alembic does not compare index predicates), and storage
+  settings (``__table_storage__``) that differ from ``pg_class.reloptions`` (of the default
+  partition, for a partitioned table) render ``set_table_storage``;
+- the partitions of a partitioned table are not tables of their own to Alembic: the
+  ``drop_table`` (and ``drop_index``) it would render for each is left out.
 
 Downgrades are the reverse of these operations. Alembic reports no other difference for
 these tables (server defaults, identity, enum type and the ``DESC`` index column included),
@@ -24,6 +28,7 @@ so a second autogenerate after ``upgrade`` is empty.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import re
 from collections.abc import Callable
@@ -37,7 +42,16 @@ from sqlalchemy import Column, Index, MetaData, PrimaryKeyConstraint, Table
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateColumn, CreateIndex
 
+from sa_outbox import statements as st
 from sa_outbox._exceptions import SaOutboxError
+from sa_outbox._partition_ddl import PartitionInterval, partition_interval_of
+from sa_outbox._storage import (
+    STORAGE_INFO_KEY,
+    parse_reloptions,
+    same_storage,
+    storage_from_reloptions,
+    storage_of,
+)
 
 from ._tables import TableKind, build_table, kind_from_columns, table_kind
 from .operations import (
@@ -45,6 +59,8 @@ from .operations import (
     CreateOutboxOp,
     DropJobQueueOp,
     DropOutboxOp,
+    SetTableStorageOp,
+    StorageArgument,
 )
 
 __all__ = ["compare_queue_tables"]
@@ -90,6 +106,15 @@ def compare_queue_tables(
         return (None if schema == default_schema else schema, name)
 
     models = {key(table.schema, table.name): table for table in autogen_context.sorted_tables}
+    partitions = _partitions(autogen_context, upgrade_ops, key)
+    upgrade_ops.ops[:] = [
+        operation
+        for operation in upgrade_ops.ops
+        if not (
+            isinstance(operation, ops.DropTableOp | ops.ModifyTableOps)
+            and key(operation.schema, operation.table_name) in partitions
+        )
+    ]
     rewrites: dict[_Key, _Rewrite] = {}
     for operation in upgrade_ops.ops:
         if isinstance(operation, ops.CreateTableOp):
@@ -116,12 +141,42 @@ def compare_queue_tables(
     for table_key, model in models.items():
         if table_key not in rewrites and table_key[0] in schemas:
             _compare_predicates(autogen_context, model, table_key, rewritten)
+            _compare_storage(autogen_context, model, table_key, rewritten)
     upgrade_ops.ops[:] = rewritten
+
+
+def _partitions(
+    autogen_context: AutogenContext, upgrade_ops: ops.UpgradeOps, key: _KeyFunction
+) -> set[_Key]:
+    """The tables Alembic would drop (and their indexes) that are partitions: their parent
+    owns them."""
+    connection = autogen_context.connection
+    schemas = {
+        op.schema for op in upgrade_ops.ops if isinstance(op, ops.DropTableOp | ops.ModifyTableOps)
+    }
+    if connection is None or not schemas:
+        return set()
+    return {
+        key(schema, name)
+        for schema in schemas
+        for name in connection.execute(st.partitions_in_schema(schema)).scalars()
+    }
+
+
+def _model_storage(model: Table) -> StorageArgument:
+    # A table recognised by its columns only (no mixin marks) declares no settings.
+    return storage_of(model) if STORAGE_INFO_KEY in model.info else None
 
 
 def _rewrite_create(model: Table, dialect: Dialect) -> _Rewrite | None:
     kind = table_kind(model)
-    library = None if kind is None else _library_table(kind, model.name, model.schema)
+    interval = partition_interval_of(model)
+    storage = _model_storage(model)
+    library = (
+        None
+        if kind is None
+        else _library_table(kind, model.name, model.schema, interval=interval, storage=storage)
+    )
     if kind is None or library is None:
         return None
     problem = _difference(model, library, dialect)
@@ -135,7 +190,9 @@ def _rewrite_create(model: Table, dialect: Dialect) -> _Rewrite | None:
         )
         return None
     return _Rewrite(
-        operation=_CREATE[kind](model.name, schema=model.schema),
+        operation=_CREATE[kind](
+            model.name, schema=model.schema, partition_interval=interval, storage=storage
+        ),
         library_indexes=frozenset(str(index.name) for index in library.indexes),
         extra_columns=[column for column in model.columns if column.name not in library.c],
     )
@@ -178,8 +235,10 @@ def _rewrite_drop(
         status = next(column["type"] for column in columns if column["name"] == "status")
         if key(getattr(status, "schema", None), name) != key(schema, name):
             return None  # the type lives elsewhere: dropping it is not this table's call
+    # What the table is in the database, so that the downgrade creates it the same way.
+    interval, storage = _found_layout(autogen_context, name, schema)
     return _Rewrite(
-        operation=_DROP[kind](name, schema=schema),
+        operation=_DROP[kind](name, schema=schema, partition_interval=interval, storage=storage),
         library_indexes=frozenset(str(index.name) for index in library.indexes),
     )
 
@@ -269,7 +328,89 @@ def _compare_predicates(
         container.ops.append(ops.CreateIndexOp.from_index(index))
 
 
-def _library_table(kind: TableKind, name: str, schema: str | None) -> Table | None:
+def _found_layout(
+    autogen_context: AutogenContext, name: str, schema: str | None
+) -> tuple[PartitionInterval | None, StorageArgument]:
+    """A table's partition interval (from its partitions' width) and storage settings."""
+    connection = autogen_context.connection
+    if connection is None:
+        return None, "recommended"
+    table = Table(name, MetaData(), schema=schema)
+    layout = connection.execute(st.table_layout(table)).one_or_none()
+    if layout is None:
+        return None, "recommended"
+    if layout.kind != "p":
+        return None, storage_from_reloptions(parse_reloptions(layout.own_options)) or None
+    interval: PartitionInterval = "day"
+    for partition in connection.execute(st.list_partitions(table)):
+        if partition.lower is not None and partition.upper is not None:
+            width = partition.upper - partition.lower
+            interval = _INTERVALS.get(width, "month" if width.days >= 28 else "day")
+            break
+    storage = storage_from_reloptions(parse_reloptions(layout.partition_options)) or None
+    return interval, storage
+
+
+_INTERVALS: dict[dt.timedelta, PartitionInterval] = {
+    dt.timedelta(hours=1): "hour",
+    dt.timedelta(days=1): "day",
+    dt.timedelta(days=7): "week",
+}
+
+
+def _compare_storage(
+    autogen_context: AutogenContext,
+    model: Table,
+    table_key: _Key,
+    rewritten: list[MigrateOperation],
+) -> None:
+    """``set_table_storage`` when the model's storage settings are not the database's."""
+    connection = autogen_context.connection
+    schema, name = table_key
+    if (
+        connection is None
+        or table_kind(model) is None
+        or STORAGE_INFO_KEY not in model.info
+        or not autogen_context.run_name_filters(name, "table", {"schema_name": schema})
+        or not autogen_context.run_object_filters(model, name, "table", False, None)
+    ):
+        return
+    layout = connection.execute(st.table_layout(Table(name, MetaData(), schema=schema)))
+    found = layout.one_or_none()
+    if found is None:
+        return
+    partitioned = found.kind == "p"
+    if partitioned != (partition_interval_of(model) is not None):
+        log.warning(
+            "table %s is %s in the database but %s in the model: autogenerate cannot convert "
+            "it (see docs/partitions.md)",
+            model.fullname,
+            "partitioned" if partitioned else "not partitioned",
+            "not" if partitioned else "partitioned",
+        )
+    declared = storage_of(model)
+    existing = parse_reloptions(found.partition_options if partitioned else found.own_options)
+    if same_storage(declared, existing):
+        return
+    log.info("Detected changed storage settings of table %r", name)
+    rewritten.append(
+        SetTableStorageOp(
+            name,
+            declared,
+            schema=schema,
+            existing_storage=storage_from_reloptions(existing) or None,
+        )
+    )
+
+
+def _library_table(
+    kind: TableKind,
+    name: str,
+    schema: str | None,
+    *,
+    interval: PartitionInterval | None = None,
+    storage: StorageArgument = "recommended",
+) -> Table | None:
     """The library's table under this name, or ``None`` if the library cannot make one.
 
     A table that was recognised by its columns, or reflected, may carry a name the library
@@ -277,7 +418,7 @@ def _library_table(kind: TableKind, name: str, schema: str | None) -> Table | No
     operations stay in place for it.
     """
     try:
-        return build_table(kind, name, schema)
+        return build_table(kind, name, schema, partition_interval=interval, storage=storage)
     except SaOutboxError:
         return None
 

@@ -8,6 +8,16 @@ for an outbox table, whose two triggers (ordering and relay wake-up, see
 ``sa_outbox._outbox_triggers``) are created and dropped the same way. Each operation
 reverses into the other, so autogenerate writes both directions.
 
+``partition_interval="day"`` (``"hour"``, ``"week"``, ``"month"``) creates the table
+range-partitioned by ``created_at``, as a model with ``__partition_interval__`` declares it:
+the parent, its indexes and triggers, a ``DEFAULT`` partition, the partition of the current
+interval and three more ahead (bounds computed by the database from ``now()``, so the SQL
+is the same offline), and on a job table the dedup trigger. ``storage`` is the table's
+storage settings (``__table_storage__``; by default the mixin's recommended ones, ``None``
+for the server's), applied to the table or, when partitioned, to each partition.
+``op.set_table_storage`` changes them on an existing table (autogenerate renders it when
+the model's settings differ from ``pg_class.reloptions``).
+
 The type is created with a statement of our own, which tolerates a type already made by
 another job table in the same schema (with the same labels); dropping keeps the type while
 another table still uses it. Identifiers are checked when an operation is built, before any
@@ -17,29 +27,44 @@ that a type checker reads (``alembic/op.pyi`` knows nothing of custom operations
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from alembic.operations import MigrateOperation, Operations
-from sqlalchemy import Enum, Table, literal
+from sqlalchemy import Enum, MetaData, Table, literal
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
 
 from sa_outbox._notify_trigger import create_notify_trigger_sql, drop_notify_trigger_sql
 from sa_outbox._outbox_triggers import create_outbox_triggers_sql, drop_outbox_triggers_sql
+from sa_outbox._partition_ddl import (
+    PartitionInterval,
+    check_partition_interval,
+    drop_dedup_trigger_sql,
+    setup_sql,
+)
+from sa_outbox._storage import Storage, check_storage, set_storage_sql
+from sa_outbox._validation import identifier, optional_identifier
 
-from ._tables import TableKind, build_table, is_job_status_type
+from ._tables import RECOMMENDED_STORAGE, TableKind, build_table, is_job_status_type
 
 __all__ = [
     "CreateJobQueueOp",
     "CreateOutboxOp",
     "DropJobQueueOp",
     "DropOutboxOp",
+    "SetTableStorageOp",
+    "StorageArgument",
     "SupportsInvoke",
     "create_job_queue",
     "create_outbox",
     "drop_job_queue",
     "drop_outbox",
+    "set_table_storage",
 ]
+
+#: Storage settings as the operations take them: ``"recommended"`` is the mixin's default.
+StorageArgument = Mapping[str, int | float | bool] | Literal["recommended"] | None
 
 
 class SupportsInvoke(Protocol):
@@ -54,32 +79,74 @@ class SupportsInvoke(Protocol):
     def invoke(self, operation: MigrateOperation) -> Any: ...
 
 
+_T = TypeVar("_T", bound="_TableOperation")
+
+
 class _TableOperation(MigrateOperation):
-    """One of the library's tables, by name and schema."""
+    """One of the library's tables, by name and schema (and partitioning and storage)."""
 
     kind: ClassVar[TableKind]
 
-    def __init__(self, table_name: str, *, schema: str | None = None) -> None:
+    def __init__(
+        self,
+        table_name: str,
+        *,
+        schema: str | None = None,
+        partition_interval: str | None = None,
+        storage: StorageArgument = "recommended",
+    ) -> None:
         # Building the table checks the names (the index names derived from the table's
-        # included) here, before any SQL.
-        self._table = build_table(self.kind, table_name, schema)
+        # included) here, before any SQL; so are the interval and the storage settings.
+        interval = check_partition_interval(partition_interval, "partition_interval")
+        checked: Storage | None = (
+            dict(RECOMMENDED_STORAGE[self.kind])
+            if storage == "recommended"
+            else check_storage(storage, "storage")
+        )
+        self._table = build_table(
+            self.kind, table_name, schema, partition_interval=interval, storage=checked
+        )
         self.table_name: str = table_name
         self.schema: str | None = schema
+        self.partition_interval: PartitionInterval | None = interval
+        self.storage: Storage | None = checked
+
+    @property
+    def recommended_storage(self) -> bool:
+        """Whether the storage settings are the mixin's recommended ones."""
+        return self.storage == dict(RECOMMENDED_STORAGE[self.kind])
 
     def to_table(self) -> Table:
         """The table this operation creates or drops, as the mixin declares it."""
         return self._table
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.table_name!r}, schema={self.schema!r})"
+        extra = ""
+        if self.partition_interval is not None:
+            extra += f", partition_interval={self.partition_interval!r}"
+        if not self.recommended_storage:
+            extra += f", storage={self.storage!r}"
+        return f"{type(self).__name__}({self.table_name!r}, schema={self.schema!r}{extra})"
+
+    def _key(self) -> tuple[Any, ...]:
+        storage = None if self.storage is None else tuple(sorted(self.storage.items()))
+        return (self.table_name, self.schema, self.partition_interval, storage)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _TableOperation) or type(other) is not type(self):
             return NotImplemented
-        return (other.table_name, other.schema) == (self.table_name, self.schema)
+        return other._key() == self._key()
 
     def __hash__(self) -> int:
-        return hash((type(self), self.table_name, self.schema))
+        return hash((type(self), *self._key()))
+
+    def _same(self, other: type[_T]) -> _T:
+        return other(
+            self.table_name,
+            schema=self.schema,
+            partition_interval=self.partition_interval,
+            storage=self.storage,
+        )
 
 
 class _CreateOperation(_TableOperation):
@@ -105,18 +172,31 @@ class CreateJobQueueOp(_CreateOperation):
 
     @classmethod
     def create_job_queue(
-        cls, operations: Operations, table_name: str, *, schema: str | None = None
+        cls,
+        operations: Operations,
+        table_name: str,
+        *,
+        schema: str | None = None,
+        partition_interval: str | None = None,
+        storage: StorageArgument = "recommended",
     ) -> None:
         """Create the job table ``table_name`` with its indexes and ``job_status`` type.
 
+        ``partition_interval``: ``"hour"``, ``"day"``, ``"week"`` or ``"month"`` to
+        partition it by ``created_at``; ``storage``: its storage settings (default: the
+        recommended ones; ``None``: the server's).
+
         Example, in a migration::
 
-            op.create_job_queue("jobs", schema="work")
+            op.create_job_queue("jobs", schema="work", partition_interval="day")
         """
-        operations.invoke(cls(table_name, schema=schema))
+        operation = cls(
+            table_name, schema=schema, partition_interval=partition_interval, storage=storage
+        )
+        operations.invoke(operation)
 
     def reverse(self) -> DropJobQueueOp:
-        return DropJobQueueOp(self.table_name, schema=self.schema)
+        return self._same(DropJobQueueOp)
 
 
 @Operations.register_operation("drop_job_queue")
@@ -133,7 +213,13 @@ class DropJobQueueOp(_DropOperation):
 
     @classmethod
     def drop_job_queue(
-        cls, operations: Operations, table_name: str, *, schema: str | None = None
+        cls,
+        operations: Operations,
+        table_name: str,
+        *,
+        schema: str | None = None,
+        partition_interval: str | None = None,
+        storage: StorageArgument = "recommended",
     ) -> None:
         """Drop the job table ``table_name`` and, once no table uses it, ``job_status``.
 
@@ -141,10 +227,13 @@ class DropJobQueueOp(_DropOperation):
 
             op.drop_job_queue("jobs", schema="work")
         """
-        operations.invoke(cls(table_name, schema=schema))
+        operation = cls(
+            table_name, schema=schema, partition_interval=partition_interval, storage=storage
+        )
+        operations.invoke(operation)
 
     def reverse(self) -> CreateJobQueueOp:
-        return CreateJobQueueOp(self.table_name, schema=self.schema)
+        return self._same(CreateJobQueueOp)
 
 
 @Operations.register_operation("create_outbox")
@@ -160,7 +249,13 @@ class CreateOutboxOp(_CreateOperation):
 
     @classmethod
     def create_outbox(
-        cls, operations: Operations, table_name: str, *, schema: str | None = None
+        cls,
+        operations: Operations,
+        table_name: str,
+        *,
+        schema: str | None = None,
+        partition_interval: str | None = None,
+        storage: StorageArgument = "recommended",
     ) -> None:
         """Create the outbox table ``table_name`` with its indexes.
 
@@ -168,10 +263,13 @@ class CreateOutboxOp(_CreateOperation):
 
             op.create_outbox("outbox", schema="work")
         """
-        operations.invoke(cls(table_name, schema=schema))
+        operation = cls(
+            table_name, schema=schema, partition_interval=partition_interval, storage=storage
+        )
+        operations.invoke(operation)
 
     def reverse(self) -> DropOutboxOp:
-        return DropOutboxOp(self.table_name, schema=self.schema)
+        return self._same(DropOutboxOp)
 
 
 @Operations.register_operation("drop_outbox")
@@ -187,7 +285,13 @@ class DropOutboxOp(_DropOperation):
 
     @classmethod
     def drop_outbox(
-        cls, operations: Operations, table_name: str, *, schema: str | None = None
+        cls,
+        operations: Operations,
+        table_name: str,
+        *,
+        schema: str | None = None,
+        partition_interval: str | None = None,
+        storage: StorageArgument = "recommended",
     ) -> None:
         """Drop the outbox table ``table_name``.
 
@@ -195,10 +299,13 @@ class DropOutboxOp(_DropOperation):
 
             op.drop_outbox("outbox", schema="work")
         """
-        operations.invoke(cls(table_name, schema=schema))
+        operation = cls(
+            table_name, schema=schema, partition_interval=partition_interval, storage=storage
+        )
+        operations.invoke(operation)
 
     def reverse(self) -> CreateOutboxOp:
-        return CreateOutboxOp(self.table_name, schema=self.schema)
+        return self._same(CreateOutboxOp)
 
 
 @Operations.implementation_for(CreateJobQueueOp)
@@ -218,6 +325,10 @@ def _create(operations: Operations, operation: _CreateOperation) -> None:
     if operation.kind == "outbox":  # the ordering and wake-up triggers, with their functions
         for sql in create_outbox_triggers_sql(table):
             operations.execute(sql)
+    # The storage settings; when partitioned, the partitions (with the settings) instead,
+    # and for jobs the dedup trigger.
+    for sql in setup_sql(table, operation.kind, operation.partition_interval, operation.storage):
+        operations.execute(sql)
 
 
 @Operations.implementation_for(DropJobQueueOp)
@@ -225,9 +336,9 @@ def _create(operations: Operations, operation: _CreateOperation) -> None:
 def _drop(operations: Operations, operation: _DropOperation) -> None:
     table = operation.to_table()
     dialect = operations.get_context().dialect
-    operations.execute(DropTable(table))  # its NOTIFY trigger goes with it
+    operations.execute(DropTable(table))  # its triggers and partitions go with it
     if operation.kind == "job":
-        for sql in drop_notify_trigger_sql(table):
+        for sql in [*drop_notify_trigger_sql(table), *drop_dedup_trigger_sql(table)]:
             operations.execute(sql)
     if operation.kind == "outbox":
         for sql in drop_outbox_triggers_sql(table):
@@ -282,7 +393,14 @@ def _drop_type_sql(enum: Enum, dialect: Dialect) -> str:
     )
 
 
-def create_job_queue(op: SupportsInvoke, table_name: str, *, schema: str | None = None) -> None:
+def create_job_queue(
+    op: SupportsInvoke,
+    table_name: str,
+    *,
+    schema: str | None = None,
+    partition_interval: str | None = None,
+    storage: StorageArgument = "recommended",
+) -> None:
     """``op.create_job_queue(...)`` in a form type checkers know.
 
     Example, in a migration::
@@ -293,10 +411,21 @@ def create_job_queue(op: SupportsInvoke, table_name: str, *, schema: str | None 
         def upgrade() -> None:
             alembic_ext.create_job_queue(op, "jobs", schema="work")
     """
-    op.invoke(CreateJobQueueOp(table_name, schema=schema))
+    op.invoke(
+        CreateJobQueueOp(
+            table_name, schema=schema, partition_interval=partition_interval, storage=storage
+        )
+    )
 
 
-def drop_job_queue(op: SupportsInvoke, table_name: str, *, schema: str | None = None) -> None:
+def drop_job_queue(
+    op: SupportsInvoke,
+    table_name: str,
+    *,
+    schema: str | None = None,
+    partition_interval: str | None = None,
+    storage: StorageArgument = "recommended",
+) -> None:
     """``op.drop_job_queue(...)`` in a form type checkers know.
 
     Example, in a migration::
@@ -304,10 +433,21 @@ def drop_job_queue(op: SupportsInvoke, table_name: str, *, schema: str | None = 
         def downgrade() -> None:
             alembic_ext.drop_job_queue(op, "jobs", schema="work")
     """
-    op.invoke(DropJobQueueOp(table_name, schema=schema))
+    op.invoke(
+        DropJobQueueOp(
+            table_name, schema=schema, partition_interval=partition_interval, storage=storage
+        )
+    )
 
 
-def create_outbox(op: SupportsInvoke, table_name: str, *, schema: str | None = None) -> None:
+def create_outbox(
+    op: SupportsInvoke,
+    table_name: str,
+    *,
+    schema: str | None = None,
+    partition_interval: str | None = None,
+    storage: StorageArgument = "recommended",
+) -> None:
     """``op.create_outbox(...)`` in a form type checkers know.
 
     Example, in a migration::
@@ -315,10 +455,21 @@ def create_outbox(op: SupportsInvoke, table_name: str, *, schema: str | None = N
         def upgrade() -> None:
             alembic_ext.create_outbox(op, "outbox", schema="work")
     """
-    op.invoke(CreateOutboxOp(table_name, schema=schema))
+    op.invoke(
+        CreateOutboxOp(
+            table_name, schema=schema, partition_interval=partition_interval, storage=storage
+        )
+    )
 
 
-def drop_outbox(op: SupportsInvoke, table_name: str, *, schema: str | None = None) -> None:
+def drop_outbox(
+    op: SupportsInvoke,
+    table_name: str,
+    *,
+    schema: str | None = None,
+    partition_interval: str | None = None,
+    storage: StorageArgument = "recommended",
+) -> None:
     """``op.drop_outbox(...)`` in a form type checkers know.
 
     Example, in a migration::
@@ -326,4 +477,112 @@ def drop_outbox(op: SupportsInvoke, table_name: str, *, schema: str | None = Non
         def downgrade() -> None:
             alembic_ext.drop_outbox(op, "outbox", schema="work")
     """
-    op.invoke(DropOutboxOp(table_name, schema=schema))
+    op.invoke(
+        DropOutboxOp(
+            table_name, schema=schema, partition_interval=partition_interval, storage=storage
+        )
+    )
+
+
+@Operations.register_operation("set_table_storage")
+class SetTableStorageOp(MigrateOperation):
+    """Make a table's storage settings exactly ``storage`` (``None``: the server defaults).
+
+    Known parameters not in ``storage`` are reset. On a partitioned table, every partition
+    gets the settings (a partitioned table has none of its own). ``existing_storage`` is
+    what the table had, for the reverse operation; autogenerate fills it in.
+
+    Example:
+        >>> SetTableStorageOp("jobs", {"fillfactor": 90}, existing_storage=None).reverse()
+        SetTableStorageOp('jobs', None, schema=None, existing_storage={'fillfactor': 90})
+    """
+
+    def __init__(
+        self,
+        table_name: str,
+        storage: Mapping[str, int | float | bool] | None,
+        *,
+        schema: str | None = None,
+        existing_storage: Mapping[str, int | float | bool] | None = None,
+    ) -> None:
+        self.table_name: str = identifier(table_name, "table name")
+        self.schema: str | None = optional_identifier(schema, "schema")
+        self.storage: Storage | None = check_storage(storage, "storage")
+        self.existing_storage: Storage | None = check_storage(existing_storage, "existing_storage")
+
+    @classmethod
+    def set_table_storage(
+        cls,
+        operations: Operations,
+        table_name: str,
+        storage: Mapping[str, int | float | bool] | None,
+        *,
+        schema: str | None = None,
+        existing_storage: Mapping[str, int | float | bool] | None = None,
+    ) -> None:
+        """Set the storage settings of ``table_name`` (``ALTER TABLE … RESET / SET``).
+
+        Example, in a migration::
+
+            op.set_table_storage("jobs", {"fillfactor": 70}, schema="work")
+        """
+        operations.invoke(
+            cls(table_name, storage, schema=schema, existing_storage=existing_storage)
+        )
+
+    def reverse(self) -> SetTableStorageOp:
+        return SetTableStorageOp(
+            self.table_name,
+            self.existing_storage,
+            schema=self.schema,
+            existing_storage=self.storage,
+        )
+
+    def to_table(self) -> Table:
+        """The table, by name only."""
+        return Table(self.table_name, MetaData(), schema=self.schema)
+
+    def __repr__(self) -> str:
+        return (
+            f"SetTableStorageOp({self.table_name!r}, {self.storage!r}, schema={self.schema!r}, "
+            f"existing_storage={self.existing_storage!r})"
+        )
+
+    def _key(self) -> tuple[Any, ...]:
+        def items(storage: Storage | None) -> Any:
+            return None if storage is None else tuple(sorted(storage.items()))
+
+        return (self.table_name, self.schema, items(self.storage), items(self.existing_storage))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SetTableStorageOp):
+            return NotImplemented
+        return other._key() == self._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+@Operations.implementation_for(SetTableStorageOp)
+def _set_storage(operations: Operations, operation: SetTableStorageOp) -> None:
+    operations.execute(set_storage_sql(operation.to_table(), operation.storage))
+
+
+def set_table_storage(
+    op: SupportsInvoke,
+    table_name: str,
+    storage: Mapping[str, int | float | bool] | None,
+    *,
+    schema: str | None = None,
+    existing_storage: Mapping[str, int | float | bool] | None = None,
+) -> None:
+    """``op.set_table_storage(...)`` in a form type checkers know.
+
+    Example, in a migration::
+
+        def upgrade() -> None:
+            alembic_ext.set_table_storage(op, "jobs", {"fillfactor": 70})
+    """
+    op.invoke(
+        SetTableStorageOp(table_name, storage, schema=schema, existing_storage=existing_storage)
+    )

@@ -10,9 +10,15 @@ from __future__ import annotations
 from alembic.autogenerate.api import AutogenContext
 from alembic.autogenerate.render import renderers
 
-from .operations import CreateJobQueueOp, CreateOutboxOp, DropJobQueueOp, DropOutboxOp
+from .operations import (
+    CreateJobQueueOp,
+    CreateOutboxOp,
+    DropJobQueueOp,
+    DropOutboxOp,
+    SetTableStorageOp,
+)
 
-__all__ = ["render_operation"]
+__all__ = ["render_operation", "render_set_table_storage"]
 
 _NAMES = {
     CreateJobQueueOp: "create_job_queue",
@@ -45,4 +51,30 @@ def render_operation(
     arguments = repr(operation.table_name)
     if operation.schema is not None:
         arguments += f", schema={operation.schema!r}"
+    # A drop needs neither: DROP TABLE takes the partitions with it.
+    if isinstance(operation, CreateJobQueueOp | CreateOutboxOp):
+        if operation.partition_interval is not None:
+            arguments += f", partition_interval={operation.partition_interval!r}"
+        if not operation.recommended_storage:
+            arguments += f", storage={operation.storage!r}"
     return f"{prefix}{_NAMES[type(operation)]}({arguments})"
+
+
+@renderers.dispatch_for(SetTableStorageOp)
+def render_set_table_storage(autogen_context: AutogenContext, operation: SetTableStorageOp) -> str:
+    """``op.set_table_storage(...)``, as autogenerate writes it.
+
+    Example:
+        >>> from alembic.autogenerate import render_python_code
+        >>> from alembic.operations import ops
+        >>> op = SetTableStorageOp("jobs", {"fillfactor": 80}, existing_storage=None)
+        >>> print(render_python_code(ops.UpgradeOps([op])).splitlines()[1].strip())
+        op.set_table_storage('jobs', {'fillfactor': 80}, existing_storage=None)
+    """
+    autogen_context.imports.add("import alembic_ext")
+    prefix = autogen_context.opts.get("alembic_module_prefix", "op.")
+    arguments = f"{operation.table_name!r}, {operation.storage!r}"
+    if operation.schema is not None:
+        arguments += f", schema={operation.schema!r}"
+    arguments += f", existing_storage={operation.existing_storage!r}"
+    return f"{prefix}set_table_storage({arguments})"

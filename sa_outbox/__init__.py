@@ -30,6 +30,7 @@ from ._exceptions import (
 from ._health import HealthReport, TableHealth, XminHolder, table_health
 from ._job_queue import AsyncJobQueue, JobQueue
 from ._outbox_store import AsyncOutbox, Outbox
+from ._partitions import PartitionReport, amaintain_partitions, maintain_partitions
 from ._results import (
     BatchResult,
     ClaimedEvent,
@@ -120,6 +121,7 @@ __all__ = [
     "OutboxDataclassMixin",
     "OutboxMixin",
     "ParkedEvent",
+    "PartitionReport",
     "PayloadNotSerializable",
     "PayloadTooLarge",
     "PermanentError",
@@ -146,10 +148,12 @@ __all__ = [
     "WorkerMetrics",
     "XminHolder",
     "__version__",
+    "amaintain_partitions",
     "decode_event",
     "embedded_database_url",
     "enqueue",
     "event_types",
     "install",
+    "maintain_partitions",
     "table_health",
 ]

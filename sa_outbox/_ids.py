@@ -8,6 +8,7 @@ splitting pages at random as v4 ids do.
 
 from __future__ import annotations
 
+import array
 import os
 import threading
 import time
@@ -43,3 +44,35 @@ def uuid7() -> uuid.UUID:
     rand = int.from_bytes(os.urandom(8)) & ((1 << 62) - 1)
     value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand
     return uuid.UUID(int=value)
+
+
+def uuid7_ints(count: int) -> list[int]:
+    """``count`` new UUIDv7 values as 128-bit ints, in increasing order, for bulk inserts.
+
+    The same sequence as ``count`` calls of `uuid7` (one lock, one clock read and one
+    ``os.urandom`` call for the lot), without building ``uuid.UUID`` objects, which cost more
+    than the value itself when a COPY only needs the bytes or the hex digits.
+
+    Example:
+        >>> a, b = uuid7_ints(2)
+        >>> uuid.UUID(int=a).version, a < b < uuid7().int
+        (7, True)
+    """
+    global _last_ms, _counter
+    if count <= 0:
+        return []
+    with _lock:
+        ms = time.time_ns() // 1_000_000
+        # (millisecond, counter) as one number: the slot after (ms, 4095) is (ms + 1, 0).
+        if ms > _last_ms:
+            first = ms << _COUNTER_BITS | (int.from_bytes(os.urandom(1)) & 0x0F)
+        else:
+            first = (_last_ms << _COUNTER_BITS | _counter) + 1
+        last = first + count - 1
+        _last_ms, _counter = last >> _COUNTER_BITS, last & ((1 << _COUNTER_BITS) - 1)
+    randoms = array.array("Q", os.urandom(8 * count)).tolist()
+    mask48, mask62, fixed = (1 << 48) - 1, (1 << 62) - 1, 0x7 << 76 | 0b10 << 62
+    return [
+        ((slot >> _COUNTER_BITS) & mask48) << 80 | (slot & 0xFFF) << 64 | fixed | (rand & mask62)
+        for slot, rand in zip(range(first, last + 1), randoms, strict=True)
+    ]

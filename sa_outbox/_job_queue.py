@@ -12,6 +12,7 @@ from sqlalchemy import Table
 from . import statements as st
 from ._backoff import Backoff
 from ._clock import Clock
+from ._copy import copy_jobs_async, copy_jobs_sync
 from ._executors import SyncConn, _adrive, _drive, _JobOps
 from ._results import BatchResult, ClaimedJob, EnqueueResult, ReclaimedJob, RetryResult
 from .schema import JobStatus
@@ -107,6 +108,28 @@ class JobQueue(_Base):
             queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])
         """
         return _drive(conn, self._ops.enqueue_many(jobs))
+
+    def enqueue_copy(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> int:
+        """Add many jobs with PostgreSQL's ``COPY``, the fastest path; returns how many.
+
+        For large batches without deduplication keys (a job with one is refused: COPY has no
+        ON CONFLICT; use `enqueue_many`). Every job is checked before any row is sent, ids
+        follow input order, nothing commits here, and workers are notified once at commit.
+        Needs the psycopg (3) driver. See docs/worker.md, "Enqueueing many jobs".
+
+        Example:
+            queue.enqueue_copy(conn, [NewJob("resize", {"image": n}) for n in range(1000)])
+            # -> 1000
+        """
+        ops = self._ops
+        return copy_jobs_sync(
+            conn,
+            ops.table,
+            jobs,
+            clock=ops.clock,
+            dumps=ops.dumps,
+            max_payload_bytes=ops.max_payload_bytes,
+        )
 
     def claim(
         self,
@@ -312,6 +335,18 @@ class AsyncJobQueue(_Base):
     async def enqueue_many(self, conn: AsyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
         """See `JobQueue.enqueue_many`."""
         return await _adrive(conn, self._ops.enqueue_many(jobs))
+
+    async def enqueue_copy(self, conn: AsyncConn, jobs: Iterable[st.NewJob]) -> int:
+        """See `JobQueue.enqueue_copy`."""
+        ops = self._ops
+        return await copy_jobs_async(
+            conn,
+            ops.table,
+            jobs,
+            clock=ops.clock,
+            dumps=ops.dumps,
+            max_payload_bytes=ops.max_payload_bytes,
+        )
 
     async def claim(
         self,

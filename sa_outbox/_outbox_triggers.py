@@ -38,6 +38,7 @@ from sqlalchemy import DDL, Table, event
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.schema import SchemaItem
 
+from ._partition_ddl import PARTITION_INFO_KEY
 from ._validation import identifier
 
 __all__ = [
@@ -94,6 +95,21 @@ def _qualified(table: Table, name: str) -> str:
 _TABLE_NAME = "TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME"
 
 
+def _table_names(table: Table) -> tuple[str, str]:
+    """SQL for the table's ``schema.name`` and its ``quote_ident``-ed form, in a trigger.
+
+    On a partitioned table a row trigger fires on the partition (``TG_TABLE_NAME`` is
+    ``outbox_p20300101``): the lock key and the ``seq`` sequence are the parent's, named here.
+    """
+    if PARTITION_INFO_KEY not in table.info:
+        return _TABLE_NAME, "quote_ident(TG_TABLE_SCHEMA) || '.' || quote_ident(TG_TABLE_NAME)"
+    name = "'" + table.name.replace("'", "''") + "'"
+    return (
+        f"TG_TABLE_SCHEMA || '.' || {name}",
+        f"quote_ident(TG_TABLE_SCHEMA) || '.' || quote_ident({name})",
+    )
+
+
 def create_outbox_triggers_sql(table: Table) -> list[str]:
     """``CREATE FUNCTION`` and ``CREATE TRIGGER`` for both triggers of the outbox ``table``.
 
@@ -109,16 +125,17 @@ def create_outbox_triggers_sql(table: Table) -> list[str]:
     """
     order, wake = outbox_trigger_names(table)
     order_function, wake_function = _qualified(table, order), _qualified(table, wake)
+    table_name, quoted_name = _table_names(table)
     target = _PREPARER.format_table(table)
     create_order = f"""\
 CREATE OR REPLACE FUNCTION {order_function}() RETURNS trigger LANGUAGE plpgsql AS $sa_outbox$
 BEGIN
     -- One writer per aggregate at a time, until it commits or rolls back; then draw seq.
     PERFORM pg_advisory_xact_lock(
-        hashtext({_TABLE_NAME}),
+        hashtext({table_name}),
         hashtext(NEW.aggregate_type || '/' || NEW.aggregate_id));
     NEW.seq = nextval(pg_get_serial_sequence(
-        quote_ident(TG_TABLE_SCHEMA) || '.' || quote_ident(TG_TABLE_NAME), 'seq'));
+        {quoted_name}, 'seq'));
     RETURN NEW;
 END
 $sa_outbox$"""

@@ -30,6 +30,11 @@ Commands:
     Prints `table_health`: row counts, dead tuples, vacuum times, sizes, the oldest ready
     pending job and the sessions holding back the xmin horizon.
 
+``sa-outbox partitions maintain --table TARGET [--ahead N] [--retention 7d]``
+    Runs `maintain_partitions` on the partitioned job or outbox model at ``TARGET``:
+    creates partitions ``--ahead`` intervals ahead, drops those past ``--retention`` that
+    hold no unfinished work, and prints what it created, moved, dropped and kept.
+
 Each command is a function that adds its subparser and sets ``handler`` to a function of
 the parsed arguments returning the exit status: 0 on success, 1 on a runtime error (printed
 as ``sa-outbox COMMAND: error: …``), 2 on a usage error (argparse's own convention).
@@ -65,6 +70,7 @@ from ._embedded import embedded_database_url
 from ._exceptions import InvalidArgument, SaOutboxError
 from ._health import HealthReport, TableHealth, table_health
 from ._loading import import_target, load_instance
+from ._partitions import DEFAULT_AHEAD, PartitionReport, maintain_partitions
 from ._retention import Pruner, PruneReport, Retention
 from .relay import AsyncRelay, Relay, RelayReport
 from .relay._loader import load_relay
@@ -559,6 +565,85 @@ def _health(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_partitions(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "partitions",
+        help="maintain the partitions of a partitioned job or outbox table",
+        description="Partition maintenance (docs/partitions.md).",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, title="actions")
+    maintain = actions.add_parser(
+        "maintain",
+        help="create partitions ahead, drop finished ones past retention",
+        description=(
+            "Create the partitions of the current interval and --ahead more, moving rows the "
+            "default partition holds for them; with --retention, drop partitions whose "
+            "whole range is older than that, unless they hold a pending or running job (an "
+            "unpublished, unparked event): those are kept and listed. One maintainer at a "
+            "time per table. Durations: 7d, 12h, 30m, 90s, 2w."
+        ),
+    )
+    maintain.add_argument(
+        "--table",
+        metavar="TARGET",
+        required=True,
+        help="the partitioned job or outbox model (or JobApp), as module:attribute",
+    )
+    maintain.add_argument(
+        "--ahead",
+        metavar="N",
+        type=_positive(int),
+        default=DEFAULT_AHEAD,
+        help="partitions kept ready beyond the current one (default: %(default)s)",
+    )
+    maintain.add_argument(
+        "--retention",
+        metavar="DURATION",
+        type=parse_duration,
+        help="drop partitions older than this (default: drop none)",
+    )
+    _add_database_url(maintain)
+    _add_log_level(maintain)
+    maintain.set_defaults(handler=_maintain_partitions)
+
+
+def _format_partitions(report: PartitionReport) -> str:
+    if report.skipped:
+        return f"{report.table}: skipped, another maintainer holds the table's lock"
+
+    def names(found: list[str]) -> str:
+        return ", ".join(found) if found else "none"
+
+    created = [
+        f"{name} ({report.moved[name]} rows moved from the default partition)"
+        if name in report.moved
+        else name
+        for name in report.created
+    ]
+    lines = [
+        f"{report.table}: created {names(created)}",
+        f"  dropped {names(report.dropped)}",
+        f"  kept (unfinished work inside) {names(report.kept)}",
+    ]
+    if report.busy:
+        lines.append(f"  left for the next run (lock not granted) {names(report.busy)}")
+    return "\n".join(lines)
+
+
+def _maintain_partitions(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level)
+    table = load_table(args.table)
+    url, engine = _connect(args)
+    try:
+        report = maintain_partitions(engine, table, ahead=int(args.ahead), retention=args.retention)
+    except DBAPIError as exc:
+        raise _database_error(url, exc) from exc
+    finally:
+        engine.dispose()
+    print(_format_partitions(report))
+    return 0
+
+
 def _worker(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
     app = load_target(args.target)
@@ -702,6 +787,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_relay(commands)
     _add_prune(commands)
     _add_health(commands)
+    _add_partitions(commands)
     return parser
 
 

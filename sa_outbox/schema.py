@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar, cast
 
 from sqlalchemy import (
@@ -53,10 +53,27 @@ from sqlalchemy.orm import Mapped, MappedAsDataclass, declared_attr, mapped_colu
 from ._exceptions import InvalidArgumentType
 from ._notify_trigger import NotifyTrigger
 from ._outbox_triggers import OutboxTriggers
+from ._partition_ddl import (
+    PARTITION_INFO_KEY,
+    PARTITION_INTERVALS,
+    TableSetup,
+    check_partition_interval,
+)
+from ._storage import (
+    RECOMMENDED_JOB_STORAGE,
+    RECOMMENDED_OUTBOX_STORAGE,
+    STORAGE_INFO_KEY,
+    check_storage,
+)
 from ._validation import MAX_IDENTIFIER_LENGTH, identifier, optional_identifier
 
 __all__ = [
     "JOB_STATUS_TYPE_NAME",
+    "PARTITION_INFO_KEY",
+    "PARTITION_INTERVALS",
+    "RECOMMENDED_JOB_STORAGE",
+    "RECOMMENDED_OUTBOX_STORAGE",
+    "STORAGE_INFO_KEY",
     "TABLE_KIND_INFO_KEY",
     "JobDataclassMixin",
     "JobMixin",
@@ -215,6 +232,24 @@ def _schema_args(cls: Any) -> dict[str, Any]:
     return {} if schema is None else {"schema": schema}
 
 
+def _table_options(
+    cls: Any, kind: str, recommended: Mapping[str, int | float | bool]
+) -> tuple[TableSetup, dict[str, Any]]:
+    """The `TableSetup` item and the ``Table`` keyword arguments of a mixin's table."""
+    interval = check_partition_interval(
+        getattr(cls, "__partition_interval__", None), f"__partition_interval__ of {cls.__name__}"
+    )
+    storage = check_storage(
+        getattr(cls, "__table_storage__", recommended), f"__table_storage__ of {cls.__name__}"
+    )
+    info: dict[str, Any] = {TABLE_KIND_INFO_KEY: kind, STORAGE_INFO_KEY: storage}
+    options: dict[str, Any] = {**_schema_args(cls), "info": info}
+    if interval is not None:
+        info[PARTITION_INFO_KEY] = interval
+        options["postgresql_partition_by"] = "RANGE (created_at)"
+    return TableSetup(kind, interval, storage), options
+
+
 def _inherits_a_table(cls: Any) -> bool:
     """Whether a base of ``cls`` is already mapped to a table (``cls`` adds none of its own)."""
     return any("__table__" in base.__dict__ for base in cls.__mro__[1:])
@@ -227,12 +262,15 @@ def _index_name(table: str, suffix: str) -> str:
     return name
 
 
-def job_table_args(table_name: str) -> tuple[Index, ...]:
+def job_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index, ...]:
     """The indexes of a job table named ``table_name`` (article, sections 3 and 4).
 
     ``{t}_ready_idx`` serves the claim (``queue = … ORDER BY priority DESC, run_at, id``),
     ``{t}_dedup_idx`` makes ``(kind, deduplication_key)`` unique where a key is set,
     ``{t}_expired_lease_idx`` serves the reclaimer, ``{t}_retention_idx`` the pruner.
+    On a ``partitioned`` table a unique index must hold ``created_at``, which would make
+    the key unique per partition only: there ``{t}_dedup_idx`` is a plain index, which the
+    table's dedup trigger searches (see ``sa_outbox._partition_ddl``).
 
     Example:
         >>> [i.name for i in job_table_args("jobs")]
@@ -252,7 +290,7 @@ def job_table_args(table_name: str) -> tuple[Index, ...]:
             _index_name(t, "dedup_idx"),
             "kind",
             "deduplication_key",
-            unique=True,
+            unique=not partitioned,
             postgresql_where=text("deduplication_key IS NOT NULL"),
         ),
         Index(
@@ -264,11 +302,13 @@ def job_table_args(table_name: str) -> tuple[Index, ...]:
     )
 
 
-def outbox_table_args(table_name: str) -> tuple[Index, ...]:
+def outbox_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index, ...]:
     """The indexes of an outbox table named ``table_name`` (article, section 5).
 
-    ``{t}_seq_key`` keeps ``seq`` unique. ``{t}_ready_idx`` holds only the rows a relay may
-    claim (unpublished and not parked), in ``seq`` order: the claim's predicate.
+    ``{t}_seq_key`` keeps ``seq`` unique (on a ``partitioned`` table ``(seq, created_at)``,
+    as a unique index there must hold the partition key; ``seq`` comes from one sequence).
+    ``{t}_ready_idx`` holds only the rows a relay may claim (unpublished and not parked), in
+    ``seq`` order: the claim's predicate.
     ``{t}_aggregate_idx`` holds the unpublished rows by aggregate and ``seq``: the claim asks
     it whether an earlier event of the same aggregate is still unpublished, and takes the
     following events of an aggregate from it. ``{t}_parked_idx`` lists parked events;
@@ -281,7 +321,9 @@ def outbox_table_args(table_name: str) -> tuple[Index, ...]:
     """
     t = identifier(table_name, "outbox table name")
     return (
-        Index(_index_name(t, "seq_key"), "seq", unique=True),
+        Index(
+            _index_name(t, "seq_key"), "seq", *(["created_at"] if partitioned else []), unique=True
+        ),
         Index(
             _index_name(t, "ready_idx"),
             "seq",
@@ -326,6 +368,11 @@ class JobMixin:
 
     #: The schema of the table; ``None`` takes the metadata's default schema.
     __table_schema__: ClassVar[str | None] = None
+    #: ``"hour"``, ``"day"``, ``"week"`` or ``"month"``: range-partition the table by
+    #: ``created_at`` (docs/partitions.md); ``None``: one plain table.
+    __partition_interval__: ClassVar[str | None] = None
+    #: Storage parameters (``fillfactor``, per-table autovacuum); ``None``: server defaults.
+    __table_storage__: ClassVar[Mapping[str, int | float | bool] | None] = RECOMMENDED_JOB_STORAGE
 
     id: Mapped[uuid.UUID] = _column(_JOB_COLUMNS, "id")
     queue: Mapped[str] = _column(_JOB_COLUMNS, "queue")
@@ -346,9 +393,12 @@ class JobMixin:
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:
-        info = {"info": {TABLE_KIND_INFO_KEY: "job"}}
-        # NotifyTrigger: create_all also creates the statement-level NOTIFY trigger.
-        return (*job_table_args(_table_name(cls)), NotifyTrigger(), {**_schema_args(cls), **info})
+        setup, options = _table_options(cls, "job", RECOMMENDED_JOB_STORAGE)
+        partitioned = setup.interval is not None
+        # NotifyTrigger: create_all also creates the statement-level NOTIFY trigger;
+        # TableSetup: the storage settings, or the partitions and the dedup trigger.
+        indexes = job_table_args(_table_name(cls), partitioned=partitioned)
+        return (*indexes, NotifyTrigger(), setup, options)
 
 
 class OutboxMixin:
@@ -368,6 +418,11 @@ class OutboxMixin:
     """
 
     __table_schema__: ClassVar[str | None] = None
+    #: As on `JobMixin`: partition the table by ``created_at``, and its storage parameters.
+    __partition_interval__: ClassVar[str | None] = None
+    __table_storage__: ClassVar[Mapping[str, int | float | bool] | None] = (
+        RECOMMENDED_OUTBOX_STORAGE
+    )
     #: Domain event subclasses declare plain (unmapped) annotations as their fields.
     __allow_unmapped__: ClassVar[bool] = True
 
@@ -402,13 +457,20 @@ class OutboxMixin:
     def __table_args__(cls) -> tuple[Any, ...] | None:
         if _inherits_a_table(cls):
             return None  # a domain event: it lives in its outbox model's table
-        info = {"info": {TABLE_KIND_INFO_KEY: "outbox"}}
+        setup, options = _table_options(cls, "outbox", RECOMMENDED_OUTBOX_STORAGE)
+        partitioned = setup.interval is not None
         # OutboxTriggers: create_all also creates the ordering and wake-up triggers.
         return (
-            *outbox_table_args(_table_name(cls)),
+            *outbox_table_args(_table_name(cls), partitioned=partitioned),
             OutboxTriggers(),
-            {**_schema_args(cls), **info},
+            setup,
+            options,
         )
+
+
+_CLASS_SETTINGS = frozenset(
+    {"__table_schema__", "__allow_unmapped__", "__partition_interval__", "__table_storage__"}
+)
 
 
 def _dataclass_variant(mixin: type[_C], specs: dict[str, _Spec], doc: str) -> type[_C]:
@@ -416,7 +478,7 @@ def _dataclass_variant(mixin: type[_C], specs: dict[str, _Spec], doc: str) -> ty
     # bases refuse dataclass arguments: the same columns, re-declared with dataclass kwargs.
     # Required fields (no default) must come first in a dataclass.
     names = sorted(
-        mixin.__annotations__.keys() - {"__table_schema__", "__allow_unmapped__"},
+        mixin.__annotations__.keys() - _CLASS_SETTINGS,
         key=lambda n: bool(specs[n][2]),
     )
     namespace: dict[str, Any] = {

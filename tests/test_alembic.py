@@ -9,6 +9,7 @@ and a "work" schema stands for ``__table_schema__``. Both are dropped afterwards
 from __future__ import annotations
 
 import ast
+import datetime as dt
 import doctest
 import io
 import logging
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import alembic
 import pytest
@@ -51,8 +53,10 @@ import alembic_ext
 import alembic_ext.autogenerate
 import alembic_ext.operations
 import alembic_ext.render
+from alembic_ext._tables import build_table
+from sa_outbox import FakeClock, maintain_partitions
 from sa_outbox._exceptions import InvalidArgument, InvalidArgumentType
-from sa_outbox.schema import TABLE_KIND_INFO_KEY, JobMixin, OutboxMixin
+from sa_outbox.schema import RECOMMENDED_JOB_STORAGE, TABLE_KIND_INFO_KEY, JobMixin, OutboxMixin
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "alembic.md"
@@ -516,8 +520,8 @@ def test_mixin_tables_carry_the_marker_autogenerate_reads() -> None:
     class OutboxEvent(OutboxMixin, Base):
         __tablename__ = "outbox"
 
-    assert Job.__table__.info == {TABLE_KIND_INFO_KEY: "job"}
-    assert OutboxEvent.__table__.info == {TABLE_KIND_INFO_KEY: "outbox"}
+    assert Job.__table__.info[TABLE_KIND_INFO_KEY] == "job"
+    assert OutboxEvent.__table__.info[TABLE_KIND_INFO_KEY] == "outbox"
 
 
 # -- the operations ------------------------------------------------------------------------
@@ -742,3 +746,194 @@ def test_the_plain_function_form_type_checks(tmp_path: Path, pytestconfig: pytes
     assert result.stdout.splitlines() == [
         'proxy.py:5: error: Module has no attribute "create_job_queue"  [attr-defined]'
     ], result.stdout + result.stderr
+
+
+# -- partitioned tables and storage settings -----------------------------------------------
+
+
+def partitions_of(pg: Engine, schema: str, table: str) -> list[str]:
+    query = text(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = to_regclass(:parent) ORDER BY 1"
+    )
+    with pg.connect() as connection:
+        return list(connection.execute(query, {"parent": f"{schema}.{table}"}).scalars())
+
+
+def reloptions_of(pg: Engine, schema: str, table: str) -> list[str] | None:
+    query = text("SELECT reloptions FROM pg_class WHERE oid = to_regclass(:name)")
+    with pg.connect() as connection:
+        found = connection.execute(query, {"name": f"{schema}.{table}"}).scalar_one()
+    return None if found is None else sorted(found)
+
+
+RECOMMENDED_OPTIONS = sorted(f"{k}={v}" for k, v in RECOMMENDED_JOB_STORAGE.items())
+
+
+def test_autogenerate_partitioned_tables_upgrade_maintain_and_downgrade(
+    make_project: Callable[..., Project],
+    pg: Engine,
+    schemas: Schemas,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    home = schemas.home
+    project = make_project(snippet("partitioned-models"))
+    first = project.autogenerate("partitioned job queue and outbox")
+    assert statements(first, "upgrade") == [
+        "op.create_job_queue('jobs', partition_interval='day')",
+        "op.create_outbox('outbox', partition_interval='hour')",
+    ]
+    assert statements(first, "downgrade") == [
+        "op.drop_outbox('outbox')",
+        "op.drop_job_queue('jobs')",
+    ]
+
+    capsys.readouterr()
+    command.upgrade(project.config, "head", sql=True)
+    offline_sql = capsys.readouterr().out
+    assert ")\n PARTITION BY RANGE (created_at);" in offline_sql
+    assert "CREATE TABLE IF NOT EXISTS jobs_default PARTITION OF jobs DEFAULT WITH (" in offline_sql
+    assert "date_trunc('day', now() AT TIME ZONE 'UTC')" in offline_sql  # computed by the server
+    assert "CREATE TRIGGER jobs_dedup BEFORE INSERT ON jobs FOR EACH ROW" in offline_sql
+
+    project.upgrade()
+    for table in ("jobs", "outbox"):
+        found = partitions_of(pg, home, table)
+        assert f"{table}_default" in found and len(found) == 5
+        assert all(reloptions_of(pg, home, name) == RECOMMENDED_OPTIONS for name in found)
+    with pg.begin() as connection:  # the triggers work on the partitions
+        seqs = connection.execute(
+            text(
+                f"INSERT INTO {home}.outbox (aggregate_type, aggregate_id, event_type, payload)"
+                " VALUES ('order', '1', 'placed', '{}'), ('order', '1', 'paid', '{}')"
+                " RETURNING seq"
+            )
+        ).scalars()
+        first_seq, second_seq = seqs
+        assert 0 < first_seq < second_seq
+        inserted = connection.execute(
+            text(
+                f"INSERT INTO {home}.jobs (kind, payload, deduplication_key)"
+                " VALUES ('send', '{}', 'k'), ('send', '{}', 'k') RETURNING id"
+            )
+        ).all()
+        assert len(inserted) == 1
+    assert statements(project.autogenerate("nothing to do"), "upgrade") == ["pass"]
+    project.upgrade()
+
+    # Partitions made by maintenance are no tables of their own to autogenerate either.
+    jobs = build_table("job", "jobs", home, partition_interval="day")
+    clock = FakeClock(dt.datetime(2031, 6, 1, tzinfo=dt.UTC))
+    assert maintain_partitions(pg, jobs, ahead=1, clock=clock).created == [
+        "jobs_p20310601",
+        "jobs_p20310602",
+    ]
+    assert reloptions_of(pg, home, "jobs_p20310602") == RECOMMENDED_OPTIONS
+    assert statements(project.autogenerate("still nothing"), "upgrade") == ["pass"]
+    project.upgrade()
+
+    # Storage settings changed behind the model's back: autogenerate puts them back.
+    with pg.begin() as connection:
+        connection.execute(text(f"ALTER TABLE {home}.jobs_default RESET (fillfactor)"))
+        connection.execute(text(f"ALTER TABLE {home}.jobs_default SET (fillfactor = 50)"))
+    fix = project.autogenerate("storage")
+    upgrade = statements(fix, "upgrade")
+    assert len(upgrade) == 1 and upgrade[0].startswith("op.set_table_storage('jobs', {")
+    restored, _, existing = upgrade[0].partition("existing_storage=")
+    assert "'fillfactor': 80" in restored and "'fillfactor': 50" in existing
+    downgrade = statements(fix, "downgrade")
+    assert downgrade[0].startswith("op.set_table_storage('jobs', {")
+    assert "'fillfactor': 50" in downgrade[0].partition("existing_storage=")[0]
+    project.upgrade()
+    for name in partitions_of(pg, home, "jobs"):
+        assert reloptions_of(pg, home, name) == RECOMMENDED_OPTIONS
+    assert statements(project.autogenerate("nothing again"), "upgrade") == ["pass"]
+
+    project.downgrade()
+    assert_removed(pg, home)
+    with pg.connect() as connection:  # no partition, no trigger function left behind
+        left = connection.execute(
+            text(
+                "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                " WHERE n.nspname = :schema"
+            ),
+            {"schema": home},
+        ).scalar()
+    assert left == 0
+
+
+def test_a_removed_partitioned_model_renders_its_drop_and_a_faithful_downgrade(
+    pg: Engine, schemas: Schemas
+) -> None:
+    home = schemas.home
+    with pg.begin() as connection:
+        operations = online(connection)
+        operations.create_job_queue("jobs", schema=home, partition_interval="week")
+        operations.create_outbox("outbox", schema=home, storage={"fillfactor": 90})
+    migration = autogenerate(pg, MetaData(), home)
+    assert set(migration.upgrade_ops.ops) == {
+        alembic_ext.DropJobQueueOp("jobs", schema=home, partition_interval="week"),
+        alembic_ext.DropOutboxOp("outbox", schema=home, storage={"fillfactor": 90}),
+    }
+    code = render_python_code(migration.downgrade_ops)
+    assert f"op.create_job_queue('jobs', schema='{home}', partition_interval='week')" in code
+    assert f"op.create_outbox('outbox', schema='{home}', storage={{'fillfactor': 90}})" in code
+
+
+def test_set_table_storage_sets_resets_and_reverses(pg: Engine, schemas: Schemas) -> None:
+    home = schemas.home
+    with pg.begin() as connection:
+        operations = online(connection)
+        operations.create_job_queue("jobs", schema=home, storage=None)
+    assert reloptions_of(pg, home, "jobs") is None
+    change = alembic_ext.SetTableStorageOp(
+        "jobs", {"fillfactor": 60, "autovacuum_enabled": False}, schema=home
+    )
+    with pg.begin() as connection:
+        online(connection).invoke(change)
+    assert reloptions_of(pg, home, "jobs") == ["autovacuum_enabled=false", "fillfactor=60"]
+    with pg.begin() as connection:
+        alembic_ext.set_table_storage(online(connection), "jobs", {"fillfactor": 70}, schema=home)
+    assert reloptions_of(pg, home, "jobs") == ["fillfactor=70"]  # the others are reset
+    with pg.begin() as connection:
+        online(connection).invoke(change.reverse())
+    assert reloptions_of(pg, home, "jobs") is None
+
+
+def test_offline_sql_of_a_partitioned_table_computes_its_bounds_in_sql() -> None:
+    buffer = io.StringIO()
+    operations = offline(buffer)
+    operations.create_job_queue("jobs", schema="work", partition_interval="hour")
+    operations.set_table_storage("jobs", {"fillfactor": 70}, schema="work")
+    operations.drop_job_queue("jobs", schema="work")
+    sql = buffer.getvalue()
+    assert "CREATE TABLE work.jobs (" in sql and ")\n PARTITION BY RANGE (created_at);" in sql
+    assert "PRIMARY KEY (id, created_at)" in sql
+    assert "CREATE INDEX jobs_dedup_idx ON work.jobs (kind, deduplication_key)" in sql
+    assert "date_trunc('hour', now() AT TIME ZONE 'UTC')" in sql
+    assert "to_char(lower_bound, 'YYYYMMDDHH24')" in sql
+    assert not re.search(r"20\d\d-\d\d-\d\d", sql)  # no date computed in Python
+    assert "WHERE c.oid = to_regclass('work.jobs') AND c.relkind <> 'p'" in sql
+    assert "DROP FUNCTION IF EXISTS work.jobs_dedup()" in sql
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"partition_interval": "daily"}, InvalidArgument, "partition_interval must be one of"),
+        ({"storage": {"fill_factor": 1}}, InvalidArgument, "unknown table storage parameter"),
+        ({"storage": {"fillfactor": "80"}}, InvalidArgumentType, "fillfactor must be an int"),
+    ],
+)
+def test_bad_partition_and_storage_options_raise_before_any_sql(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    buffer = io.StringIO()
+    operations = offline(buffer)
+    for call in (operations.create_job_queue, operations.create_outbox):
+        with pytest.raises(error, match=message):
+            call("jobs", **options)
+    if "storage" in options:
+        with pytest.raises(error, match=message):
+            operations.set_table_storage("jobs", options["storage"])
+    assert buffer.getvalue() == ""

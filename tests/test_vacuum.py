@@ -10,27 +10,59 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, create_engine, event, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.pool import NullPool
 
 from sa_outbox import (
     AsyncVacuumer,
     InvalidArgument,
     InvalidArgumentType,
+    JobMixin,
     JobQueue,
     NewJob,
     Vacuumer,
     VacuumPolicy,
 )
 
-from .conftest import TEST_SCHEMA, Job
+from .conftest import TEST_SCHEMA
 
-pytestmark = pytest.mark.usefixtures("engine")
-JOBS = f"{TEST_SCHEMA}.jobs"
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(JobMixin, Base):
+    """A job table of this module's own: statistics that other tests' connections (whose
+    pending counts reach the server whenever they next flush) never touch."""
+
+    __tablename__ = "vacuum_jobs"
+    __table_schema__ = TEST_SCHEMA
+
+
+JOBS = f"{TEST_SCHEMA}.vacuum_jobs"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _table(engine: Engine) -> Iterator[None]:
+    Base.metadata.create_all(engine)
+    yield
+    with engine.begin() as conn:  # not drop_all: the job_status type is the schema's own
+        conn.execute(text(f"DROP TABLE {JOBS}"))
+
+
+@pytest.fixture(autouse=True)
+def _empty(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.execute(text(f"TRUNCATE {JOBS}"))
+        conn.commit()
+        conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        conn.commit()
 
 
 def _flow(conn: Connection, jobs: int) -> None:
@@ -66,7 +98,7 @@ def _claim_buffers(conn: Connection) -> int:
         )
     ).scalars()
     text_plan = "\n".join(plan)
-    assert "jobs_ready_idx" in text_plan, text_plan
+    assert "vacuum_jobs_ready_idx" in text_plan, text_plan
     first = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", text_plan)
     assert first is not None, text_plan
     return int(first.group(1)) + int(first.group(2) or 0)

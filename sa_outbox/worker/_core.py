@@ -19,6 +19,7 @@ import random
 import socket
 import traceback
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,12 @@ from .registry import HandlerSpec, JobApp
 log = logging.getLogger("sa_outbox.worker")
 
 Pair = tuple[uuid.UUID, uuid.UUID]
+
+#: The default ``batch``: jobs per claim, and acknowledgements per write.
+DEFAULT_BATCH = 50
+#: With ``prefetch=None``, jobs claimed ahead of a free handler may wait locally about this
+#: long (by the handlers' average run time): short jobs share commits, long ones are not hoarded.
+PREFETCH_HORIZON = 0.1
 
 
 def default_worker_id() -> str:
@@ -65,6 +72,7 @@ class Settings:
     kinds: tuple[str, ...] | None
     concurrency: int
     batch: int
+    prefetch: int | None
     lease: float
     heartbeat_interval: float
     poll_interval: float
@@ -75,11 +83,6 @@ class Settings:
     reclaim_interval: float | None
     max_error_chars: int
 
-    @property
-    def refill(self) -> int:
-        """While there is a backlog, claim again once this many slots are free."""
-        return max(1, min(self.batch, self.concurrency) // 2)
-
 
 def make_settings(
     *,
@@ -88,6 +91,7 @@ def make_settings(
     kinds: str | Sequence[str] | None,
     concurrency: int,
     batch: int | None,
+    prefetch: int | None = None,
     lease: dt.timedelta | float,
     heartbeat_interval: dt.timedelta | float | None,
     poll_interval: dt.timedelta | float,
@@ -101,7 +105,8 @@ def make_settings(
 ) -> Settings:
     """Check a worker's options before anything runs; errors name the option."""
     workers = count(concurrency, "concurrency", maximum=1000)
-    size = count(batch if batch is not None else workers, "batch")
+    size = count(batch if batch is not None else max(workers, DEFAULT_BATCH), "batch")
+    ahead = None if prefetch is None else count(prefetch, "prefetch", minimum=0)
     lease_s = _seconds(lease, "lease")
     beat = (
         lease_s / 3
@@ -125,6 +130,7 @@ def make_settings(
         kinds=name_filter(kinds, "kinds"),
         concurrency=workers,
         batch=size,
+        prefetch=ahead,
         lease=lease_s,
         heartbeat_interval=beat,
         poll_interval=_seconds(poll_interval, "poll_interval"),
@@ -199,6 +205,7 @@ class Entry:
     deadline: float | None = None
     started: float | None = None
     running: bool = False
+    queued: bool = False  # claimed ahead, waiting for a free handler
     abandoned: bool = False
     task: Any = None  # the asyncio task running it, for AsyncWorker
 
@@ -243,9 +250,11 @@ class Core:
         self.metrics = metrics
         self.timer = timer
         self.in_flight: dict[Pair, Entry] = {}
+        self.queued: deque[Entry] = deque()  # claimed ahead of a free handler, in claim order
         self.results: list[Result] = []
         self.first_result_at: float | None = None
         self.busy = 0
+        self.run_time: float | None = None  # moving average of the handlers' run time
         self.notified = True  # claim at once when starting
         self.notifications = 0  # counts wake-ups, so one during a claim is not forgotten
         self.backlog = False
@@ -275,19 +284,44 @@ class Core:
     def free(self) -> int:
         return self.settings.concurrency - self.busy
 
+    def unfinished(self) -> int:
+        """Jobs held that have not finished: running, or queued for a handler."""
+        return self.busy + len(self.queued)
+
+    def ahead(self) -> int:
+        """How many claimed jobs may wait for a free handler.
+
+        ``prefetch`` when set; else adaptive: none until a handler has returned, then as
+        many as the handlers get through in `PREFETCH_HORIZON` at their average run time,
+        up to ``batch``. Short jobs then share a claim and an acknowledgement per batch even
+        at ``concurrency=1``; long jobs are not hoarded away from other workers.
+        """
+        s = self.settings
+        if s.prefetch is not None:
+            return s.prefetch
+        if self.run_time is None:
+            return 0
+        if self.run_time * s.batch <= PREFETCH_HORIZON * s.concurrency:
+            return s.batch
+        return int(PREFETCH_HORIZON * s.concurrency / self.run_time)
+
+    def room(self) -> int:
+        """How many more jobs this worker may hold unfinished now."""
+        return self.settings.concurrency + self.ahead() - self.unfinished()
+
+    def refill(self) -> int:
+        """While there is a backlog, claim again once there is room for this many."""
+        return max(1, min(self.settings.batch, self.settings.concurrency + self.ahead()) // 2)
+
     def claim_size(self, now: float) -> int:
         """How many jobs to claim now (0: not now)."""
         if self.stopping:
             return 0
-        free = self.free()
-        if free <= 0:
+        room = self.room()
+        if room <= 0:
             return 0
-        if (
-            (self.backlog and free >= self.settings.refill)
-            or self.notified
-            or now >= self.next_poll
-        ):
-            return min(self.settings.batch, free)
+        if (self.backlog and room >= self.refill()) or self.notified or now >= self.next_poll:
+            return min(self.settings.batch, room)
         return 0
 
     def on_notify(self, payload: str) -> bool:
@@ -311,7 +345,8 @@ class Core:
         claimed_at: float,
         notifications: int | None = None,
     ) -> list[Entry]:
-        """Take claimed jobs in; returns those to start (unknown kinds fail at once).
+        """Take claimed jobs in; returns those to start now, marked running (unknown kinds
+        fail at once; the others wait in `queued` for a free handler, see `next_entry`).
 
         ``notifications`` is what the counter was when the claim began: a notification that
         came in while the claim ran may be about jobs the claim could not see yet.
@@ -320,7 +355,6 @@ class Core:
             self.backlog = len(jobs) >= requested
             self.notified = notifications is not None and notifications != self.notifications
             self.next_poll = self.timer() + self.settings.poll_interval
-        start: list[Entry] = []
         for job in jobs:
             spec = self.app.get(job.kind)
             entry = Entry(
@@ -339,10 +373,41 @@ class Core:
                 )
                 self.add(Result(entry, Action.FAIL, error_text(error, 4000)))
                 continue
+            entry.queued = True
+            self.queued.append(entry)
+        start: list[Entry] = []
+        while (ready := self.next_entry()) is not None:
+            start.append(ready)
+        return start
+
+    def next_entry(self) -> Entry | None:
+        """The next queued job, marked running and begun, if a handler is free for it.
+
+        A handler thread (or task) that finished a job takes the next one itself, so a batch
+        runs through without waking the loop for every job.
+        """
+        while self.queued and self.busy < self.settings.concurrency:
+            entry = self.queued.popleft()
+            entry.queued = False
+            if entry.context.cancel.cancelled:  # shutdown or lease lost while it waited
+                self.add(Result(entry, Action.RELEASE))
+                continue
             entry.running = True
             self.busy += 1
-            start.append(entry)
-        return start
+            self.begin(entry)
+            return entry
+        return None
+
+    def wants_loop(self, started: Entry | None) -> bool:
+        """After a handler finished (and maybe ``started`` the next job): whether the loop has
+        something new to decide (write, claim, a timeout to watch), so that it is woken up
+        for those only, not after every job."""
+        if self.stopping or len(self.results) == 1:
+            return True
+        if started is not None and started.deadline is not None:
+            return True
+        now = self.timer()
+        return self.should_write(now, 0) or self.claim_size(now) > 0
 
     def _check_followup(self, job: st.NewJob) -> object:
         return st.enqueue_jobs(
@@ -385,6 +450,7 @@ class Core:
             )
             return
         seconds = self.timer() - (entry.started or entry.claimed_at)
+        self._ran_for(seconds)
         cancel = entry.context.cancel
         spec = entry.spec
         if error is None:
@@ -424,6 +490,10 @@ class Core:
                 )
             )
 
+    def _ran_for(self, seconds: float) -> None:
+        previous = self.run_time
+        self.run_time = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+
     def add(self, result: Result) -> None:
         if not self.results:
             self.first_result_at = self.timer()
@@ -450,6 +520,7 @@ class Core:
                 log.warning("job %s: %s; it will be retried", entry.job.id, error)
                 delay = spec.retry_delay(entry.job.attempts)
                 seconds = now - (entry.started or entry.claimed_at)
+                self._ran_for(seconds)
                 self.add(Result(entry, Action.RETRY, error_text(error, 4000), delay, seconds))
                 expired.append(entry)
         return expired
@@ -462,7 +533,7 @@ class Core:
         return (
             claim > 0
             or self.stopping
-            or self.busy == 0
+            or self.unfinished() == 0
             or len(self.results) >= self.settings.ack_batch
             or (
                 self.first_result_at is not None
@@ -481,10 +552,7 @@ class Core:
         outcomes: list[tuple[Result, JobOutcome]] = []
         completes = [r for r in results if r.action is Action.COMPLETE]
         if completes:
-            rows = yield st.complete_jobs(
-                ops.table, [r.entry.pair for r in completes], clock=ops.clock
-            )
-            done = {(row[0], row[1]) for row in rows}
+            done = yield from ops.complete_rows([r.entry.pair for r in completes])
             followups = []
             for result in completes:
                 ok = result.entry.pair in done
@@ -573,7 +641,9 @@ class Core:
                 continue
             if pair[0] in lost_ids:
                 # A job whose result waits to be written: the fenced write will tell.
-                if entry.running and entry.context.cancel.cancel(CancelReason.LEASE_LOST):
+                if entry.queued:
+                    self._unqueue(entry)
+                elif entry.running and entry.context.cancel.cancel(CancelReason.LEASE_LOST):
                     lost += 1
                     log.warning(
                         "job %s (%s): heartbeat found the lease lost; its handler is cancelled",
@@ -587,6 +657,8 @@ class Core:
     def expire_leases(self, now: float) -> int:
         """Cancel the jobs whose lease may have expired because heartbeats failed."""
         lost = 0
+        for entry in [e for e in self.queued if now >= e.lease_deadline]:
+            self._unqueue(entry)
         for entry in self.in_flight.values():
             if (
                 entry.running
@@ -601,11 +673,24 @@ class Core:
                 )
         return lost
 
+    def _unqueue(self, entry: Entry) -> None:
+        """A queued job that may no longer be held: never run it, release it (fenced)."""
+        self.queued.remove(entry)
+        entry.queued = False
+        entry.context.cancel.cancel(CancelReason.LEASE_LOST)
+        self.add(Result(entry, Action.RELEASE))
+
     # -- shutdown ------------------------------------------------------------------------
 
     def begin_shutdown(self) -> None:
-        """Stop claiming, and tell the running handlers that shutdown was asked."""
+        """Stop claiming, release the queued jobs (never started: no attempt counted), and
+        tell the running handlers that shutdown was asked."""
         self.stopping = True
+        while self.queued:
+            entry = self.queued.popleft()
+            entry.queued = False
+            entry.context.cancel.cancel(CancelReason.SHUTDOWN)
+            self.add(Result(entry, Action.RELEASE))
         for entry in self.in_flight.values():
             if entry.running:
                 entry.context.cancel.cancel(CancelReason.SHUTDOWN)
@@ -632,7 +717,7 @@ class Core:
     def next_wakeup(self, now: float) -> float | None:
         """Seconds until something is due (a poll, an ack, a timeout); None: nothing."""
         due: list[float] = []
-        if not self.stopping and self.free() > 0:
+        if not self.stopping and self.room() > 0:
             due.append(self.next_poll)
         if self.first_result_at is not None:
             due.append(self.first_result_at + self.settings.ack_delay)

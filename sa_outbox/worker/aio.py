@@ -63,6 +63,7 @@ class AsyncWorker:
         kinds: str | Sequence[str] | None = None,
         concurrency: int = 10,
         batch: int | None = None,
+        prefetch: int | None = None,
         lease: dt.timedelta | float = DEFAULT_LEASE,
         heartbeat_interval: dt.timedelta | float | None = None,
         poll_interval: dt.timedelta | float = 1.0,
@@ -95,6 +96,7 @@ class AsyncWorker:
             kinds=kinds,
             concurrency=concurrency,
             batch=batch,
+            prefetch=prefetch,
             lease=lease,
             heartbeat_interval=heartbeat_interval,
             poll_interval=poll_interval,
@@ -306,21 +308,31 @@ class AsyncWorker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _execute(self, entry: Entry) -> None:
-        error: BaseException | None = None
-        self.core.begin(entry)
-        try:
-            self.core.parse(entry)
-            assert entry.spec is not None
-            if entry.spec.is_async:
-                await entry.spec.function(entry.context)
-            else:
-                await self._in_thread(entry.spec.function, entry.context)
-        except BaseException as exc:  # CancelledError too: the task ends here either way
-            error = exc
-        self.core.finished(entry, error)
-        self._wake.set()
-        self._finished.set()
+    async def _execute(self, first: Entry) -> None:
+        # Runs ``first``, then the queued jobs while there are any, waking the loop only
+        # when it has something to decide (`Core.wants_loop`).
+        core = self.core
+        task = asyncio.current_task()
+        entry: Entry | None = first
+        while entry is not None:
+            entry.task = task
+            error: BaseException | None = None
+            try:
+                core.parse(entry)
+                assert entry.spec is not None
+                if entry.spec.is_async:
+                    await entry.spec.function(entry.context)
+                else:
+                    await self._in_thread(entry.spec.function, entry.context)
+            except BaseException as exc:
+                error = exc
+                if isinstance(exc, asyncio.CancelledError) and task is not None:
+                    task.uncancel()  # that job's timeout (or grace period) only: go on
+            core.finished(entry, error)
+            entry = core.next_entry()
+            if core.wants_loop(entry):
+                self._wake.set()
+            self._finished.set()
 
     async def _in_thread(self, function: Callable[[JobContext], Any], job: JobContext) -> None:
         loop = asyncio.get_running_loop()
@@ -483,14 +495,14 @@ class AsyncWorker:
 
     async def claim(self) -> int:
         """See `Worker.claim`."""
-        claim = max(0, min(self.settings.batch, self.core.free()))
+        claim = max(0, min(self.settings.batch, self.core.room()))
         return await self._write(self.core.take_results(), claim)
 
     async def wait_for_handlers(self, timeout: float | None = None) -> bool:
         """See `Worker.wait_for_handlers`."""
         try:
             async with asyncio.timeout(timeout):
-                while self.core.busy:
+                while self.core.unfinished():
                     self._finished.clear()
                     await self._finished.wait()
         except TimeoutError:

@@ -1,0 +1,64 @@
+"""`compact_json`'s output at a quarter of its cost, for serialising many small payloads.
+
+``json.dumps`` with options (and ``JSONEncoder.encode``) sets up a new C encoder at every
+call; for the small payloads of a job that setup is most of the time (about 1.2 µs of
+1.5 µs for ``{}``). `fast_compact_json` sets it up once, with the same options.
+
+Example:
+    >>> fast_compact_json({"to": "ana@example.com", "n": [1, 2.5, None]})
+    '{"to":"ana@example.com","n":[1,2.5,null]}'
+"""
+
+from __future__ import annotations
+
+import json.encoder
+from collections.abc import Callable
+from typing import Any
+
+from .statements._common import compact_json
+
+__all__ = ["fast_compact_json"]
+
+
+def _prebuilt() -> Callable[[Any, int], Any] | None:
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator (PyPy): nothing to gain
+        return None
+    try:
+        # No circular check (markers=None), so one encoder serves every call; a circular
+        # payload then ends in RecursionError, and compact_json says what is wrong instead.
+        encoder: Callable[[Any, int], Any] = make(
+            None,
+            json.JSONEncoder().default,
+            json.encoder.encode_basestring,
+            None,
+            ":",
+            ",",
+            False,
+            False,
+            False,
+        )
+        sample: Any = {"a": [1, 2.5, None, True, "é\n"], "b": {}}
+        if "".join(encoder(sample, 0)) != compact_json(sample):
+            return None
+    except Exception:  # a C encoder of another signature: keep compact_json
+        return None
+    return encoder
+
+
+_ENCODER = _prebuilt()
+
+
+def fast_compact_json(value: Any) -> str:
+    """The same text as `compact_json` (``separators=(",", ":")``, UTF-8, no NaN).
+
+    Example:
+        >>> fast_compact_json({})
+        '{}'
+    """
+    if _ENCODER is None:
+        return compact_json(value)
+    try:
+        return "".join(_ENCODER(value, 0))
+    except (TypeError, ValueError, RecursionError):
+        return compact_json(value)  # raises compact_json's own error (a circular payload too)
