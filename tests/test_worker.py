@@ -697,3 +697,50 @@ def test_a_reclaimer_runs_alone_until_stopped(
     rows = [job_row(engine, job_id) for job_id in ids]
     assert {(row.status, row.attempts, row.worker_id) for row in rows} == {("pending", 1, None)}
     assert {row.run_at for row in rows} == {clock.now() + dt.timedelta(seconds=1)}
+
+
+# -- the ready path ----------------------------------------------------------------------
+
+
+def test_the_worker_vacuums_its_table_past_the_threshold(
+    engine: Engine, database_url: str, queue: JobQueue, clock: FakeClock
+) -> None:
+    # One pooled connection does all the worker's writes, so forcing its statistics out
+    # makes the dead-tuple count exact (see tests/test_vacuum.py).
+    from sqlalchemy import create_engine
+
+    from sa_outbox import VacuumPolicy
+
+    one = create_engine(database_url, pool_size=1, max_overflow=0)
+    app = JobApp(Job)
+    app.register("noop", lambda job: None)
+    worker = Worker(
+        app,
+        one,
+        clock=clock,
+        timer=lambda: clock.now().timestamp(),
+        listen=False,
+        install_signal_handlers=False,
+        vacuum=VacuumPolicy(threshold=100, interval=60),
+    )
+    try:
+        enqueue(one, queue, "noop", 200)
+        assert worker.drain(WAIT) == 200
+        with one.connect() as conn:
+            conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        assert worker.vacuumer is not None and worker.vacuumer.due()
+        report = worker.vacuum()
+        assert not worker.vacuumer.due()  # the next check is an interval away
+    finally:
+        worker.close()
+        one.dispose()
+    assert report is not None and report.vacuumed == [f"{TEST_SCHEMA}.jobs"]
+    assert jobs_by_status(engine) == {"succeeded": 200}
+
+
+def test_vacuum_none_leaves_the_table_to_autovacuum(
+    make_worker: Callable[..., Worker],
+) -> None:
+    worker = make_worker(JobApp(Job), vacuum=None)
+    assert worker.vacuumer is None
+    assert worker.vacuum() is None

@@ -246,3 +246,41 @@ async def test_an_async_worker_wakes_up_on_notify(
         worker.stop()
         await asyncio.wait_for(run, WAIT)
     assert jobs_by_status(engine) == {"succeeded": 1}
+
+
+async def test_the_async_worker_vacuums_its_table_past_the_threshold(
+    engine: Engine, database_url: str, clock: FakeClock
+) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from sa_outbox import VacuumPolicy
+
+    from .conftest import TEST_SCHEMA
+
+    # One pooled connection does all the worker's writes: its statistics are forced out
+    # below, so the dead-tuple count is exact (see tests/test_vacuum.py).
+    one = create_async_engine(database_url, pool_size=1, max_overflow=0)
+    app = JobApp(Job)
+    app.register("noop", lambda job: None)
+    worker = AsyncWorker(
+        app,
+        one,
+        clock=clock,
+        timer=lambda: clock.now().timestamp(),
+        listen=False,
+        install_signal_handlers=False,
+        vacuum=VacuumPolicy(threshold=100),
+    )
+    try:
+        enqueue(engine, "noop", 150, clock=clock)
+        assert await worker.drain(10.0) == 150
+        async with one.connect() as conn:
+            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        report = await worker.vacuum()
+    finally:
+        worker.close()
+        await one.dispose()
+    assert report is not None and report.vacuumed == [f"{TEST_SCHEMA}.jobs"]
+    assert jobs_by_status(engine) == {"succeeded": 150}
+    assert await AsyncWorker(app, one, vacuum=None, listen=False).vacuum() is None

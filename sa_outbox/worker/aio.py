@@ -22,6 +22,7 @@ from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._executors import Op, _adrive, _JobOps
 from .._results import BatchResult, ReclaimedJob
 from .._retention import AsyncPruner, PruneReport, Retention
+from .._vacuum import DEFAULT_VACUUM, AsyncVacuumer, VacuumPolicy, VacuumReport
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result, Written, jittered, make_settings
 from ._retry import async_retrying
@@ -74,6 +75,7 @@ class AsyncWorker:
         reclaim: bool = True,
         reclaim_interval: dt.timedelta | float | None = None,
         retention: Retention | None = None,
+        vacuum: VacuumPolicy | None = DEFAULT_VACUUM,
         worker_id: str | None = None,
         metrics: WorkerMetrics | None = None,
         clock: Clock | None = None,
@@ -130,6 +132,9 @@ class AsyncWorker:
             else AsyncPruner(engine, jobs=app.model, retention=retention, clock=clock)
         )
         self._next_prune = None if self.pruner is None else timer() + self._prune_wait()
+        self.vacuumer = (
+            None if vacuum is None else AsyncVacuumer(engine, app.model, vacuum, timer=timer)
+        )
         self.install_signal_handlers = install_signal_handlers
         self._wake = asyncio.Event()
         self._finished = asyncio.Event()
@@ -388,6 +393,12 @@ class AsyncWorker:
                     self._report_error("reclaim", exc)
                     log.warning("reclaim failed (%s: %s)", type(exc).__name__, exc)
                 next_reclaim = now + jittered(s.reclaim_interval)
+            if self.vacuumer is not None and self.vacuumer.due():
+                try:
+                    await self.vacuum()
+                except Exception as exc:
+                    self._report_error("vacuum", exc)
+                    log.warning("vacuum failed (%s: %s)", type(exc).__name__, exc)
             if self._next_prune is not None:
                 try:
                     await self.prune_due()
@@ -397,6 +408,8 @@ class AsyncWorker:
             due = min(next_beat, next_reclaim if s.reclaim_interval is not None else next_beat)
             if self._next_prune is not None:
                 due = min(due, self._next_prune)
+            if self.vacuumer is not None:
+                due = min(due, self.timer() + self.vacuumer.policy.interval_seconds)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._keeper_stop.wait(), max(0.0, due - self.timer()))
 
@@ -576,6 +589,21 @@ class AsyncWorker:
                 report.batches,
                 " (another pruner held the lock)" if report.skipped else "",
             )
+        return report
+
+    async def vacuum(self) -> VacuumReport | None:
+        """Vacuum the job table now if it has ``vacuum.threshold`` dead tuples (see
+        `sa_outbox.Vacuumer`); the keeper calls this every ``vacuum.interval``. ``None`` when
+        the worker was built with ``vacuum=None``.
+
+        Example:
+            report = await worker.vacuum()
+        """
+        if self.vacuumer is None:
+            return None
+        report = await self.vacuumer.run_once()
+        for table in report.vacuumed:
+            log.info("vacuumed %s (%d dead tuples)", table, report.dead_tuples[table])
         return report
 
     async def reclaim(self) -> list[ReclaimedJob]:

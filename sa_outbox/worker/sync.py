@@ -25,6 +25,7 @@ from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._executors import Op, _drive, _JobOps
 from .._results import BatchResult, ReclaimedJob
 from .._retention import Pruner, PruneReport, Retention
+from .._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, VacuumReport
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result, Written, check_engine, jittered, make_settings
 from ._retry import retrying
@@ -51,7 +52,9 @@ class Worker:
     expired leases every ``reclaim_interval`` (half the lease; ``reclaim=False`` to leave
     that to a separate `Reclaimer`), prunes finished jobs every ``retention.interval`` when
     given a ``retention`` policy (`Retention`; one pruner at a time across all workers, see
-    `Pruner`), wakes up on the table's NOTIFY (``listen``) and polls
+    `Pruner`), vacuums its table past ``vacuum.threshold`` dead tuples (`sa_outbox.Vacuumer`,
+    checked every ``vacuum.interval``; ``None`` leaves it to autovacuum), wakes up on the
+    table's NOTIFY (``listen``) and polls
     every ``poll_interval`` anyway. Results wait up to ``ack_delay`` seconds (or until
     ``ack_batch`` are ready) so that one commit acknowledges many jobs.
 
@@ -98,6 +101,7 @@ class Worker:
         reclaim: bool = True,
         reclaim_interval: dt.timedelta | float | None = None,
         retention: Retention | None = None,
+        vacuum: VacuumPolicy | None = DEFAULT_VACUUM,
         worker_id: str | None = None,
         metrics: WorkerMetrics | None = None,
         clock: Clock | None = None,
@@ -155,6 +159,7 @@ class Worker:
             else Pruner(engine, jobs=app.model, retention=retention, clock=clock)
         )
         self._next_prune = None if self.pruner is None else timer() + self._prune_wait()
+        self.vacuumer = None if vacuum is None else Vacuumer(engine, app.model, vacuum, timer=timer)
         self.install_signal_handlers = install_signal_handlers
         self._cond = threading.Condition()  # an RLock: a signal handler may re-enter it
         self._stop_requested = False
@@ -369,6 +374,12 @@ class Worker:
                     self._report_error("reclaim", exc)
                     log.warning("reclaim failed (%s: %s)", type(exc).__name__, exc)
                 next_reclaim = now + jittered(s.reclaim_interval)
+            if self.vacuumer is not None and self.vacuumer.due():
+                try:
+                    self.vacuum()
+                except Exception as exc:
+                    self._report_error("vacuum", exc)
+                    log.warning("vacuum failed (%s: %s)", type(exc).__name__, exc)
             if self._next_prune is not None:
                 try:
                     self.prune_due()
@@ -378,6 +389,8 @@ class Worker:
             due = min(next_beat, next_reclaim if s.reclaim_interval is not None else next_beat)
             if self._next_prune is not None:
                 due = min(due, self._next_prune)
+            if self.vacuumer is not None:
+                due = min(due, self.timer() + self.vacuumer.policy.interval_seconds)
             self._keeper_stop.wait(max(0.0, due - self.timer()))
 
     # -- the listener --------------------------------------------------------------------
@@ -580,6 +593,21 @@ class Worker:
                 report.batches,
                 " (another pruner held the lock)" if report.skipped else "",
             )
+        return report
+
+    def vacuum(self) -> VacuumReport | None:
+        """Vacuum the job table now if it has ``vacuum.threshold`` dead tuples (see
+        `sa_outbox.Vacuumer`); the keeper calls this every ``vacuum.interval``. ``None`` when
+        the worker was built with ``vacuum=None``.
+
+        Example:
+            report = worker.vacuum()
+        """
+        if self.vacuumer is None:
+            return None
+        report = self.vacuumer.run_once()
+        for table in report.vacuumed:
+            log.info("vacuumed %s (%d dead tuples)", table, report.dead_tuples[table])
         return report
 
     def reclaim(self) -> list[ReclaimedJob]:
