@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from benchmarks.database import Database
+from benchmarks.raw import CLAIM_BATCH, CLAIM_SQL, COMPLETE_SQL, DDL
 from benchmarks.w7_history import SCHEMA, autovacuum_on, connect, conninfo_for
 
 __all__ = ["OPTIONS", "main", "measure"]
@@ -45,34 +46,6 @@ TUNED = (
     "autovacuum_vacuum_cost_delay = 0, autovacuum_vacuum_insert_scale_factor = 0, "
     "autovacuum_vacuum_insert_threshold = 1000, autovacuum_analyze_scale_factor = 0.02"
 )
-_DDL = """
-CREATE TYPE job_status AS ENUM ('pending', 'running', 'succeeded', 'failed');
-CREATE TABLE jobs (
-  id uuid PRIMARY KEY DEFAULT gen_random_uuid(), kind text NOT NULL, payload jsonb NOT NULL,
-  queue text NOT NULL DEFAULT 'default', status job_status NOT NULL DEFAULT 'pending',
-  priority int NOT NULL DEFAULT 0, run_at timestamptz NOT NULL DEFAULT now(),
-  attempts int NOT NULL DEFAULT 0, max_attempts int NOT NULL DEFAULT 8,
-  lease_until timestamptz, lease_token uuid, worker_id text, deduplication_key text,
-  last_error text, created_at timestamptz NOT NULL DEFAULT now(),
-  updated_at timestamptz NOT NULL DEFAULT now()) {storage};
-CREATE INDEX jobs_ready_idx ON jobs (queue, priority DESC, run_at, id) WHERE status = 'pending';
-CREATE UNIQUE INDEX jobs_dedup_idx ON jobs (deduplication_key)
-  WHERE deduplication_key IS NOT NULL;
-CREATE INDEX jobs_expired_lease_idx ON jobs (lease_until) WHERE status = 'running';
-CREATE INDEX jobs_retention_idx ON jobs (status, updated_at);
-"""
-_CLAIM = """
-WITH next AS (
-  SELECT id FROM jobs WHERE queue = 'default' AND status = 'pending' AND run_at <= now()
-  ORDER BY priority DESC, run_at, id LIMIT 20 FOR UPDATE SKIP LOCKED)
-UPDATE jobs AS j SET status = 'running', attempts = j.attempts + 1,
-  lease_until = now() + interval '30 seconds', lease_token = gen_random_uuid(),
-  worker_id = 'w', updated_at = now()
-FROM next WHERE j.id = next.id RETURNING j.id, j.lease_token"""
-_COMPLETE = """
-UPDATE jobs AS j SET status = 'succeeded', lease_until = NULL, updated_at = now()
-FROM unnest(%s::uuid[], %s::uuid[]) AS d(id, token)
-WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'"""
 _DELETE = """
 DELETE FROM jobs AS j USING unnest(%s::uuid[], %s::uuid[]) AS d(id, token)
 WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'"""
@@ -92,12 +65,13 @@ def _vacuum_loop(conninfo: str, stop: threading.Event, count: list[int]) -> None
 
 def measure(conninfo: str, option: str, jobs: int) -> list[dict[str, Any]]:
     """Flow ``jobs`` jobs through a fresh table set up as ``option``; one sample per window."""
-    storage = "" if option == "article" else f"WITH ({TUNED})"
     with connect(conninfo, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         conn.execute(f"CREATE SCHEMA {SCHEMA}")
-        conn.execute(_DDL.format(storage=storage))
-    complete = _DELETE if option.startswith("delete") else _COMPLETE
+        conn.execute(DDL)
+        if option != "article":
+            conn.execute(f"ALTER TABLE jobs SET ({TUNED})")
+    complete = _DELETE if option.startswith("delete") else COMPLETE_SQL
     stop = threading.Event()
     vacuums = [0]
     vacuumer = threading.Thread(target=_vacuum_loop, args=(conninfo, stop, vacuums), daemon=True)
@@ -114,10 +88,10 @@ def measure(conninfo: str, option: str, jobs: int) -> list[dict[str, Any]]:
                     for _ in range(CHUNK):
                         cp.write_row(("noop", "{}"))
                 conn.commit()
-                while rows := conn.execute(_CLAIM).fetchall():
+                while rows := conn.execute(CLAIM_SQL, (CLAIM_BATCH, "w")).fetchall():
                     t0 = time.perf_counter()
                     conn.commit()
-                    conn.execute(complete, ([r[0] for r in rows], [r[1] for r in rows]))
+                    conn.execute(complete, ([r[0] for r in rows], [r[4] for r in rows]))
                     conn.commit()
                     busy += time.perf_counter() - t0
                     done += len(rows)

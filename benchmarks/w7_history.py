@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchmarks.core import BenchmarkError, make_row
+from benchmarks.raw import CLAIM_BATCH, CLAIM_SQL, COMPLETE_SQL, DDL
 
 __all__ = ["SCHEMA", "autovacuum_on", "connect", "conninfo_for", "run"]
 
@@ -45,31 +46,6 @@ SAMPLE_EVERY = 1.0
 SCHEMA = "w7"
 CONCURRENCY = 8
 
-_RAW_DDL = """
-CREATE TYPE job_status AS ENUM ('pending', 'running', 'succeeded', 'failed');
-CREATE TABLE jobs (
-  id uuid PRIMARY KEY DEFAULT gen_random_uuid(), kind text NOT NULL, payload jsonb NOT NULL,
-  queue text NOT NULL DEFAULT 'default', status job_status NOT NULL DEFAULT 'pending',
-  priority int NOT NULL DEFAULT 0, run_at timestamptz NOT NULL DEFAULT now(),
-  attempts int NOT NULL DEFAULT 0, max_attempts int NOT NULL DEFAULT 8,
-  lease_until timestamptz, lease_token uuid, worker_id text, deduplication_key text,
-  last_error text, created_at timestamptz NOT NULL DEFAULT now(),
-  updated_at timestamptz NOT NULL DEFAULT now());
-CREATE INDEX jobs_ready_idx ON jobs (queue, priority DESC, run_at, id) WHERE status = 'pending';
-CREATE INDEX jobs_expired_lease_idx ON jobs (lease_until) WHERE status = 'running';
-"""
-_RAW_CLAIM = """
-WITH next AS (
-  SELECT id FROM jobs WHERE queue = 'default' AND status = 'pending' AND run_at <= now()
-  ORDER BY priority DESC, run_at, id LIMIT 20 FOR UPDATE SKIP LOCKED)
-UPDATE jobs AS j SET status = 'running', attempts = j.attempts + 1,
-  lease_until = now() + interval '30 seconds', lease_token = gen_random_uuid(),
-  worker_id = 'raw', updated_at = now()
-FROM next WHERE j.id = next.id RETURNING j.id, j.lease_token"""
-_RAW_COMPLETE = """
-UPDATE jobs AS j SET status = 'succeeded', lease_until = NULL, updated_at = now()
-FROM unnest(%s::uuid[], %s::uuid[]) AS d(id, token)
-WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'"""
 _STATS = """
 SELECT s.n_dead_tup, s.n_live_tup, s.autovacuum_count, s.vacuum_count,
        pg_relation_size(to_regclass('jobs_ready_idx'))
@@ -136,18 +112,18 @@ class _Raw(_Design):
         with connect(self.conninfo, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
             conn.execute(f"CREATE SCHEMA {SCHEMA}")
-            conn.execute(_RAW_DDL)
+            conn.execute(DDL)
 
     def process(self, n: int, processed: _Counter) -> None:
         done = 0
         with connect(self.conninfo, prepare_threshold=0) as conn:
             while done < n:
-                rows = conn.execute(_RAW_CLAIM).fetchall()
+                rows = conn.execute(CLAIM_SQL, (CLAIM_BATCH, "raw")).fetchall()
                 conn.commit()
                 if not rows:
                     time.sleep(0.001)  # the producer is behind; benchmark-only polling
                     continue
-                conn.execute(_RAW_COMPLETE, ([r[0] for r in rows], [r[1] for r in rows]))
+                conn.execute(COMPLETE_SQL, ([r[0] for r in rows], [r[4] for r in rows]))
                 conn.commit()
                 done += len(rows)
                 processed.add(len(rows))
