@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Executable
@@ -33,7 +33,11 @@ from .schema import JobStatus, resolve_table
 from .statements._common import Dumps, id_token_pairs
 from .statements._jobs import COMPLETION_IDS, COMPLETION_TOKENS
 
+Pair: TypeAlias = tuple[uuid.UUID, uuid.UUID]
+
 T = TypeVar("T")
+#: What `enqueue_many` says of a job whose deduplication key was taken (immutable: shared).
+_NOT_INSERTED = EnqueueResult(id=None, inserted=False)
 # A statement, or a statement and the values of its bind parameters (a statement built once
 # and run again with new values, see `_JobOps.complete_rows`).
 Step: TypeAlias = Executable | tuple[Executable, dict[str, Any]]
@@ -72,6 +76,34 @@ async def _adrive(conn: AsyncConn, op: Op[T]) -> T:
         return stop.value  # type: ignore[no-any-return]
 
 
+def _claim_order(job: ClaimedJob) -> tuple[int, dt.datetime, uuid.UUID]:
+    return (-job.priority, job.run_at, job.id)
+
+
+def _cached(
+    cache: dict[tuple[Any, ...], Executable],
+    options: dict[str, Any] | None,
+    build: Callable[[], Executable],
+) -> Executable:
+    """The statement ``build`` makes for ``options``, built once per distinct options
+    (``None``: not cacheable, built afresh)."""
+    if options is None:
+        return build()
+    key = tuple(
+        (name, tuple(value) if isinstance(value, list | set | frozenset) else value)
+        for name, value in sorted(options.items())
+    )
+    try:
+        stmt = cache.get(key)
+    except TypeError:  # an unhashable option: let the builder say what is wrong with it
+        return build()
+    if stmt is None:
+        stmt = build()
+        if len(cache) < 64:
+            cache[key] = stmt
+    return stmt
+
+
 def _batch(pairs: Sequence[tuple[uuid.UUID, uuid.UUID]], done_rows: Iterable[Any]) -> BatchResult:
     # Rows come back as (id, token): the same id may appear under an old and a new token.
     done = {(row[0], row[1]) for row in done_rows}
@@ -105,6 +137,7 @@ class _JobOps:
         self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
         self._claims: dict[tuple[Any, ...], Executable] = {}
         self._completion: Executable | None = None
+        self._complete_claims: dict[tuple[Any, ...], Executable] = {}
 
     def enqueue(self, kind: str, payload: Any, options: dict[str, Any]) -> Op[EnqueueResult]:
         stmt = st.enqueue_job(
@@ -127,15 +160,18 @@ class _JobOps:
             dumps=self.dumps,
             max_payload_bytes=self.max_payload_bytes,
         )
-        inserted = {row[0] for row in (yield stmt)}
-        return [EnqueueResult(id=i if i in inserted else None, inserted=i in inserted) for i in ids]
+        returned = (yield stmt).scalars().all()
+        if len(returned) == len(ids):  # the returned ids are some of ids: here, all of them
+            return [EnqueueResult(id=i, inserted=True) for i in ids]
+        inserted = set(returned)
+        return [EnqueueResult(id=i, inserted=True) if i in inserted else _NOT_INSERTED for i in ids]
 
     def claim(self, options: dict[str, Any]) -> Op[list[ClaimedJob]]:
         rows = (yield self._claim_statement(options)).all()
         # The claim returns ClaimedJob's fields in their order (st.claim_jobs' RETURNING).
         jobs = [ClaimedJob(*row) for row in rows]
         # RETURNING has no order of its own: hand jobs out in the claim's order.
-        jobs.sort(key=lambda j: (-j.priority, j.run_at, j.id))
+        jobs.sort(key=_claim_order)
         return jobs
 
     def _claim_statement(self, options: dict[str, Any]) -> Executable:
@@ -143,21 +179,33 @@ class _JobOps:
         # the statement holds no value that changes, so it is built (~0.4 ms) and its cache
         # key computed (~0.5 ms) once, not at every claim. A FakeClock's time is a bound
         # value: those statements are built afresh.
-        if self.clock is not None:
-            return st.claim_jobs(self.table, clock=self.clock, **options)
-        key = tuple(
-            (name, tuple(value) if isinstance(value, list | set | frozenset) else value)
-            for name, value in sorted(options.items())
+        return _cached(
+            self._claims,
+            None if self.clock is not None else options,
+            lambda: st.claim_jobs(self.table, clock=self.clock, **options),
         )
-        try:
-            stmt = self._claims.get(key)
-        except TypeError:  # an unhashable option: let claim_jobs say what is wrong with it
-            return st.claim_jobs(self.table, clock=self.clock, **options)
-        if stmt is None:
-            stmt = st.claim_jobs(self.table, clock=self.clock, **options)
-            if len(self._claims) < 64:
-                self._claims[key] = stmt
-        return stmt
+
+    def complete_and_claim(
+        self, pairs: Sequence[Pair], options: dict[str, Any]
+    ) -> Op[tuple[set[Pair], list[ClaimedJob]]]:
+        """The batched completion and a claim in one statement (`st.complete_and_claim_jobs`);
+        returns the (id, token) pairs completed and the jobs claimed, in the claim's order."""
+        stmt = _cached(
+            self._complete_claims,
+            None if self.clock is not None else options,
+            lambda: st.complete_and_claim_jobs(self.table, pairs, clock=self.clock, **options),
+        )
+        ids, tokens = id_token_pairs(pairs, "completion pairs")
+        rows = (yield stmt, {COMPLETION_IDS: ids, COMPLETION_TOKENS: tokens}).all()
+        done: set[Pair] = set()
+        jobs: list[ClaimedJob] = []
+        for row in rows:
+            if row[13]:  # acked: (id, token) of a completed pair
+                done.add((row[0], row[9]))
+            else:
+                jobs.append(ClaimedJob(*row[:13]))
+        jobs.sort(key=_claim_order)
+        return done, jobs
 
     def heartbeat(
         self, job_id: uuid.UUID, token: uuid.UUID, options: dict[str, Any]

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import array
 import os
+import sys
 import threading
 import time
 import uuid
+
+__all__ = ["uuid7", "uuid7_hex", "uuid7_ints"]
 
 _lock = threading.Lock()
 _last_ms = 0
@@ -46,33 +49,80 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-def uuid7_ints(count: int) -> list[int]:
-    """``count`` new UUIDv7 values as 128-bit ints, in increasing order, for bulk inserts.
+def _reserve(count: int) -> int:
+    """Take ``count`` consecutive (millisecond, counter) slots; returns the first.
 
-    The same sequence as ``count`` calls of `uuid7` (one lock, one clock read and one
-    ``os.urandom`` call for the lot), without building ``uuid.UUID`` objects, which cost more
-    than the value itself when a COPY only needs the bytes or the hex digits.
-
-    Example:
-        >>> a, b = uuid7_ints(2)
-        >>> uuid.UUID(int=a).version, a < b < uuid7().int
-        (7, True)
+    A slot is ``millisecond << 12 | counter``: the slot after (ms, 4095) is (ms + 1, 0), so
+    the slots of a block are consecutive numbers, and they follow those of earlier calls.
     """
     global _last_ms, _counter
-    if count <= 0:
-        return []
     with _lock:
         ms = time.time_ns() // 1_000_000
-        # (millisecond, counter) as one number: the slot after (ms, 4095) is (ms + 1, 0).
         if ms > _last_ms:
             first = ms << _COUNTER_BITS | (int.from_bytes(os.urandom(1)) & 0x0F)
         else:
             first = (_last_ms << _COUNTER_BITS | _counter) + 1
         last = first + count - 1
         _last_ms, _counter = last >> _COUNTER_BITS, last & ((1 << _COUNTER_BITS) - 1)
+    return first
+
+
+def uuid7_ints(count: int) -> list[int]:
+    """``count`` new UUIDv7 values as 128-bit ints, in increasing order, for bulk inserts.
+
+    The same sequence as ``count`` calls of `uuid7` (one lock, one clock read and one
+    ``os.urandom`` call for the lot), without building ``uuid.UUID`` objects, which cost more
+    than the value itself when a statement only needs the value.
+
+    Example:
+        >>> a, b = uuid7_ints(2)
+        >>> uuid.UUID(int=a).version, a < b < uuid7().int
+        (7, True)
+    """
+    if count <= 0:
+        return []
+    first = _reserve(count)
     randoms = array.array("Q", os.urandom(8 * count)).tolist()
     mask48, mask62, fixed = (1 << 48) - 1, (1 << 62) - 1, 0x7 << 76 | 0b10 << 62
     return [
         ((slot >> _COUNTER_BITS) & mask48) << 80 | (slot & 0xFFF) << 64 | fixed | (rand & mask62)
-        for slot, rand in zip(range(first, last + 1), randoms, strict=True)
+        for slot, rand in zip(range(first, first + count), randoms, strict=True)
     ]
+
+
+# Maps a random byte to the first byte of a UUID's second half: variant bits 10, 6 random bits.
+_VARIANT_BYTE = bytes(0x80 | (b & 0x3F) for b in range(256))
+
+
+def uuid7_hex(count: int) -> list[str]:
+    """`uuid7_ints`' ids as 32 lowercase hex digits each, the form COPY's text format takes.
+
+    Built a block at a time in C (arrays, ``bytes.translate``, ``bytes.hex``) rather than by
+    formatting ``count`` 128-bit ints: about a quarter of the cost, for `enqueue_copy`.
+
+    Example:
+        >>> a, b = uuid7_hex(2)
+        >>> len(a), uuid.UUID(a).version, a < b < uuid7().hex
+        (32, 7, True)
+    """
+    if count <= 0:
+        return []
+    slot = _reserve(count)
+    last = slot + count - 1
+    # The first 64 bits: 48 of milliseconds, the version (7), the 12-bit counter. Within one
+    # millisecond consecutive slots are consecutive numbers: one range() per millisecond.
+    high = array.array("Q")
+    while slot <= last:
+        end = min(last, slot | 0xFFF)  # the last slot of this millisecond
+        top = ((slot >> _COUNTER_BITS) & ((1 << 48) - 1)) << 16 | 0x7 << 12 | (slot & 0xFFF)
+        high.extend(range(top, top + end - slot + 1))
+        slot = end + 1
+    if sys.byteorder == "little":
+        high.byteswap()  # to big-endian, the order of the hex digits
+    # The last 64 bits: the variant (0b10) and 62 random bits.
+    low = bytearray(os.urandom(8 * count))
+    low[0::8] = low[0::8].translate(_VARIANT_BYTE)
+    ids = array.array("Q", bytes(16 * count))
+    ids[0::2] = high
+    ids[1::2] = array.array("Q", low)
+    return ids.tobytes().hex("\n", 16).split("\n")

@@ -215,6 +215,16 @@ def _names(value: str) -> list[str]:
     return names
 
 
+def _not_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return number
+
+
 def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
     def parse(value: str) -> float:
         try:
@@ -256,7 +266,19 @@ def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="handlers running at once (default: %(default)s)",
     )
     parser.add_argument(
-        "--batch", metavar="N", type=_positive(int), help="most jobs per claim (default: N)"
+        "--batch",
+        metavar="N",
+        type=_positive(int),
+        help="most jobs per claim (default: 50, or --concurrency if larger)",
+    )
+    parser.add_argument(
+        "--prefetch",
+        metavar="N",
+        type=_not_negative_int,
+        help=(
+            "most claimed jobs waiting for a free handler; 0 claims only for free handlers "
+            "(default: adaptive, as many as the handlers finish in about 0.1 s)"
+        ),
     )
     parser.add_argument(
         "--lease",
@@ -653,6 +675,7 @@ def _worker(args: argparse.Namespace) -> int:
         kinds=args.kinds,
         concurrency=args.concurrency,
         batch=args.batch,
+        prefetch=args.prefetch,
         lease=args.lease,
         grace=args.grace,
         poll_interval=args.poll_interval,

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import enum
+import inspect
 import json
+import pickle
+import uuid
 from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, create_engine, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from sa_outbox import (
     AsyncJobQueue,
+    EnqueueResult,
     FakeClock,
     InvalidArgument,
     InvalidArgumentType,
@@ -21,8 +27,13 @@ from sa_outbox import (
     NewJob,
     PayloadNotSerializable,
     PayloadTooLarge,
+    _ids,
 )
+from sa_outbox._copy import _COLUMNS, _append_checked, plan_copy
+from sa_outbox._fast_json import fast_compact_json
+from sa_outbox._ids import uuid7, uuid7_hex
 from sa_outbox.statements import listen_sql
+from sa_outbox.statements._common import compact_json
 
 from .conftest import Job
 
@@ -321,3 +332,309 @@ async def test_async_copy_notifies_once(engine: Engine, async_engine: AsyncEngin
         await listener.execute("SELECT 1")
         got = [json.loads(n.payload) async for n in listener.notifies(timeout=0)]
     assert got == [["q1"]]
+
+
+# -- the usual job's shortcut (identity checks, C encoder) ----------------------------------
+
+AWKWARD_PAYLOADS: list[Any] = [
+    {},
+    {"text": 'quote " back\\slash \\" tab\t nl\n cr\r bell\x07', "é": "ü€😀"},
+    ["\\", "\\\\", "\\t", "\\N"],
+    "a plain string",
+    None,
+    1.5,
+    [{"deep": [{"er": [None, True, False]}]}],
+]
+
+
+@pytest.mark.parametrize("dumps", [fast_compact_json, compact_json, lambda v: json.dumps(v)])
+def test_the_usual_path_writes_what_the_checked_path_writes(dumps: Any) -> None:
+    jobs = [
+        NewJob(kind, payload, queue=queue, priority=priority, max_attempts=attempts)
+        for kind, queue, priority, attempts in [
+            ("a", "default", 0, 8),
+            ("a", "default", 0, 8),
+            ("b", "other", -3, 1),
+            ("a", "default", 2**31 - 1, 2**31 - 1),
+        ]
+        for payload in AWKWARD_PAYLOADS
+    ]
+    ids = [f"{n:032x}" for n in range(len(jobs))]
+    plan = plan_copy(
+        jobs, clock=None, dumps=dumps, max_payload_bytes=1 << 20, quote_table="t", ids=ids
+    )
+    expected: list[str] = []
+    for job_id, job in zip(ids, jobs, strict=True):
+        _append_checked(job, job_id, dumps, 1 << 20, expected, None)
+    assert plan.lines == expected
+    assert plan.data(None) == ("\n".join(expected) + "\n").encode()
+    assert not plan.needs_now and plan.sql == f"COPY t ({_COLUMNS}) FROM STDIN"
+
+
+def test_payloads_round_trip_through_the_usual_path(engine: Engine) -> None:
+    queue = JobQueue(Job)
+    jobs = [NewJob("k", payload) for payload in AWKWARD_PAYLOADS]
+    with engine.begin() as conn:
+        assert queue.enqueue_copy(conn, jobs) == len(jobs)
+    assert [r.payload for r in rows(engine)] == AWKWARD_PAYLOADS
+
+
+class Kind(str):
+    pass
+
+
+class Priority(enum.IntEnum):
+    HIGH = 5
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaggedJob(NewJob):
+    tag: str = ""
+
+
+def test_each_new_field_object_is_checked_and_unusual_ones_take_the_checked_path(
+    engine: Engine,
+) -> None:
+    queue = JobQueue(Job)
+    jobs = [
+        NewJob("a", {"n": 0}),
+        NewJob("a", {"n": 1}, queue="q2"),  # a new queue: checked, then the shortcut again
+        NewJob(Kind("a"), {"n": 2}),  # a str subclass
+        NewJob("a", {"n": 3}, priority=Priority.HIGH),  # an int subclass
+        TaggedJob("a", {"n": 4}, tag="x"),  # a NewJob subclass
+        NewJob("a", {"n": 5}, delay=0),  # a time of its own, between usual jobs
+        NewJob("a", {"n": 6}),
+    ]
+    with engine.begin() as conn:
+        assert queue.enqueue_copy(conn, jobs) == 7
+    found = rows(engine)
+    assert [(r.payload["n"], r.kind, r.queue, r.priority) for r in found] == [
+        (0, "a", "default", 0),
+        (1, "a", "q2", 0),
+        (2, "a", "default", 0),
+        (3, "a", "default", 5),
+        (4, "a", "default", 0),
+        (5, "a", "default", 0),
+        (6, "a", "default", 0),
+    ]
+    assert len({r.run_at for r in found}) == 1  # delay=0 runs at the same "now" as the others
+
+
+@pytest.mark.parametrize(
+    ("before", "job", "error", "words"),
+    [
+        # Equal to the field of the job before, but not the same object: checked anew.
+        (
+            NewJob("k", {}, priority=1),
+            NewJob("k", {}, priority=True),
+            InvalidArgumentType,
+            "priority must be an int",
+        ),
+        (
+            NewJob("k", {}, max_attempts=1),
+            NewJob("k", {}, max_attempts=1.0),  # type: ignore[arg-type]
+            InvalidArgumentType,
+            "max_attempts must be an int",
+        ),
+        (NewJob("k", {}), NewJob("k", {}, queue=""), InvalidArgument, "queue must not be empty"),
+        (NewJob("k", {}), NewJob("k", {}, deduplication_key="d"), InvalidArgument, "enqueue_many"),
+        (NewJob("k", {}), NewJob("k", {}, delay=-1), InvalidArgument, "delay must be zero or more"),
+        (
+            NewJob("k", {}),
+            NewJob("k", {"x": {1, 2}}),
+            PayloadNotSerializable,
+            "not JSON-serialisable",
+        ),
+    ],
+)
+def test_the_shortcut_never_lets_a_bad_job_through(
+    engine: Engine, before: NewJob, job: NewJob, error: type[Exception], words: str
+) -> None:
+    jobs = [before, before, job, before]
+    with engine.begin() as conn:
+        with pytest.raises(error, match=r"^jobs\[2\]: ") as caught:
+            JobQueue(Job).enqueue_copy(conn, jobs)
+        assert conn.execute(select(func.count()).select_from(T)).scalar_one() == 0
+    assert words in str(caught.value)
+    assert count(engine) == 0
+
+
+@pytest.mark.parametrize(
+    ("job", "error", "field"),
+    [
+        (NewJob("k", {"text": "lone \ud800 surrogate"}), PayloadNotSerializable, "payload"),
+        (NewJob("k", "\udc00" * 100, delay=5), PayloadNotSerializable, "payload"),  # checked path
+        (NewJob("k\ud800", {}), InvalidArgument, "kind"),
+        (NewJob("k", {}, queue="q\ud800"), InvalidArgument, "queue"),
+    ],
+)
+def test_text_utf8_cannot_encode_is_refused_before_any_row_is_sent(
+    engine: Engine, job: NewJob, error: type[Exception], field: str
+) -> None:
+    queue = JobQueue(Job)
+    with engine.begin() as conn:
+        with pytest.raises(error, match=rf"^jobs\[2\]: {field} is not valid UTF-8 text"):
+            queue.enqueue_copy(conn, [NewJob("fine", {}), NewJob("fine", {}), job])
+        assert conn.execute(select(func.count()).select_from(T)).scalar_one() == 0
+        queue.enqueue_copy(conn, [NewJob("after", {})])  # the transaction is still usable
+    assert [r.kind for r in rows(engine)] == ["after"]
+
+
+def test_a_fake_clock_stamps_usual_jobs_with_its_time(engine: Engine) -> None:
+    clock = FakeClock(dt.datetime(2032, 2, 2, tzinfo=dt.UTC))
+    with engine.begin() as conn:
+        assert JobQueue(Job, clock=clock).enqueue_copy(conn, [NewJob("a", {}) for _ in range(3)])
+    found = rows(engine)
+    assert len(found) == 3
+    assert {(r.run_at, r.created_at, r.updated_at) for r in found} == {(clock.now(),) * 3}
+
+
+def test_uuid7_hex_ids_keep_order_version_and_variant_across_milliseconds() -> None:
+    first = uuid7()
+    # Three slots before the end of a millisecond (one a minute ahead, so the clock cannot
+    # reach it first): the block carries into the next millisecond.
+    ms = (first.int >> 80) + 60_000
+    with _ids._lock:
+        _ids._last_ms, _ids._counter = ms, (1 << 12) - 4
+    block = uuid7_hex(10)
+    after = uuid7()
+    assert all(len(h) == 32 for h in block)
+    values = [uuid.UUID(h) for h in block]
+    assert [first, *values, after] == sorted([first, *values, after])
+    assert len(set(values)) == 10
+    assert {(v.version, v.variant) for v in values} == {(7, uuid.RFC_4122)}
+    assert [v.int >> 80 for v in values] == [ms] * 3 + [ms + 1] * 7
+    assert [(v.int >> 64) & 0xFFF for v in values[2:5]] == [(1 << 12) - 1, 0, 1]
+    assert uuid7_hex(0) == []
+
+
+def test_new_job_stays_a_frozen_dataclass_with_the_same_constructor() -> None:
+    job = NewJob("k", {"a": 1}, "q", 2, None, 1.5, 3, "d")
+    assert job == NewJob(
+        kind="k",
+        payload={"a": 1},
+        queue="q",
+        priority=2,
+        delay=1.5,
+        max_attempts=3,
+        deduplication_key="d",
+    )
+    assert (NewJob("k", None).queue, NewJob("k", None).max_attempts) == ("default", 8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.kind = "other"  # type: ignore[misc]
+    assert dataclasses.replace(job, kind="x").kind == "x"
+    assert pickle.loads(pickle.dumps(job)) == job
+    assert [f.name for f in dataclasses.fields(NewJob)] == list(
+        inspect.signature(NewJob).parameters
+    )
+    assert not hasattr(job, "__dict__")
+    with pytest.raises(TypeError):
+        NewJob("k")  # type: ignore[call-arg]
+
+
+# -- enqueue_many: the jobs as one JSON document (jsonb_to_recordset) ----------------------
+
+COMPARED = (
+    "queue",
+    "kind",
+    "payload",
+    "status",
+    "priority",
+    "run_at",
+    "attempts",
+    "max_attempts",
+    "deduplication_key",
+    "created_at",
+    "updated_at",
+)
+AWKWARD_NAMES = ['quote " and \\ backslash', "tab\there\nnewline", "é ü € 😀", "{}[]:,"]
+
+
+@pytest.mark.parametrize("dumps", [None, lambda v: json.dumps(v, indent=2, sort_keys=True)])
+def test_enqueue_many_writes_what_enqueue_writes(engine: Engine, dumps: Any) -> None:
+    """Field by field, a batch lands as the same jobs enqueued one at a time would."""
+    clock = FakeClock(dt.datetime(2033, 3, 3, 12, tzinfo=dt.UTC))
+    queue = JobQueue(Job, clock=clock, dumps=dumps)
+    east = dt.timezone(dt.timedelta(hours=5, minutes=30))
+    jobs = [
+        NewJob("plain", {}),
+        NewJob("plain", {}),
+        *(
+            NewJob(name, {name: [name]}, queue=name, deduplication_key=name)
+            for name in AWKWARD_NAMES
+        ),
+        *(NewJob("p", payload) for payload in AWKWARD_PAYLOADS),
+        NewJob("d", {}, delay=dt.timedelta(days=3, seconds=5, microseconds=7)),
+        NewJob("d", {}, delay=0.25),
+        NewJob("r", {}, run_at=dt.datetime(2034, 1, 2, 3, 4, 5, 678901, tzinfo=east)),
+        NewJob(Kind("sub"), {}, priority=Priority.HIGH, max_attempts=2**31 - 1),
+        TaggedJob("tagged", {}, priority=-(2**31 - 1), max_attempts=1),
+    ]
+
+    def fields(ids: list[uuid.UUID | None]) -> list[tuple[Any, ...]]:
+        by_id = {r.id: r for r in rows(engine)}
+        return [tuple(getattr(r, name) for name in COMPARED) for r in (by_id[i] for i in ids)]
+
+    with engine.begin() as conn:
+        results = queue.enqueue_many(conn, jobs)
+    assert all(r.inserted for r in results)
+    many = fields([r.id for r in results])
+    with engine.begin() as conn:
+        conn.execute(delete(Job))
+    with engine.begin() as conn:
+        one_by_one = [
+            queue.enqueue(
+                conn,
+                job.kind,
+                job.payload,
+                queue=job.queue,
+                priority=job.priority,
+                run_at=job.run_at,
+                delay=job.delay,
+                max_attempts=job.max_attempts,
+                deduplication_key=job.deduplication_key,
+            )
+            for job in jobs
+        ]
+    assert many == fields([r.id for r in one_by_one])
+    assert many[-5][5] == clock.now() + dt.timedelta(days=3, seconds=5, microseconds=7)
+    assert [row[2] for row in many[6 : 6 + len(AWKWARD_PAYLOADS)]] == AWKWARD_PAYLOADS
+
+
+def test_enqueue_many_dedup_and_results_are_unchanged(engine: Engine) -> None:
+    queue = JobQueue(Job)
+    with engine.begin() as conn:
+        queue.enqueue(conn, "k", {}, deduplication_key="taken")
+        results = queue.enqueue_many(
+            conn,
+            [
+                NewJob("k", {"n": 0}),
+                NewJob("k", {"n": 1}, deduplication_key="taken"),
+                NewJob("k", {"n": 2}, deduplication_key="new"),
+                NewJob("k", {"n": 3}, deduplication_key="new"),  # an earlier one of the batch
+                NewJob("other", {"n": 4}, deduplication_key="taken"),  # another kind
+                NewJob("k", {"n": 5}),
+            ],
+        )
+    assert [r.inserted for r in results] == [True, False, True, False, True, True]
+    assert [r.id is None for r in results] == [False, True, False, True, False, False]
+    assert results[1] == EnqueueResult(id=None, inserted=False)
+    by_id = {r.id: r for r in rows(engine)}
+    assert [by_id[r.id].payload["n"] for r in results if r.id is not None] == [0, 2, 4, 5]
+    ids = [r.id for r in results if r.id is not None]
+    assert ids == sorted(ids)  # UUIDv7 in input order
+
+
+def test_enqueue_many_bad_input_still_raises_before_any_sql(engine: Engine) -> None:
+    queue = JobQueue(Job, max_payload_bytes=64)
+    with engine.begin() as conn:
+        for jobs, error, words in [
+            ([NewJob("k", {}), NewJob("k", {}, priority=True)], InvalidArgumentType, "priority"),
+            ([NewJob("k", {}), NewJob("k", "x" * 65)], PayloadTooLarge, "over the limit of 64"),
+            ([NewJob("k", {}), NewJob("k", {1j: 1})], PayloadNotSerializable, "serialisable"),
+            ([NewJob("k", {}), NewJob("k", {}, queue="")], InvalidArgument, "queue must not"),
+            ([], InvalidArgument, "at least one job"),
+        ]:
+            with pytest.raises(error, match=words):
+                queue.enqueue_many(conn, jobs)
+        assert conn.execute(select(func.count()).select_from(T)).scalar_one() == 0

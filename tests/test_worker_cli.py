@@ -27,6 +27,24 @@ def test_the_issue_command_line_parses() -> None:
     assert (args.listen, args.reclaim, args.queues) == (False, False, None)
 
 
+def test_batch_and_prefetch_parse_and_default_to_the_workers_own_defaults() -> None:
+    args = build_parser().parse_args(["worker", "m:a"])
+    assert (args.batch, args.prefetch) == (None, None)  # Worker's defaults: 50, adaptive
+    args = build_parser().parse_args(["worker", "m:a", "--batch", "100", "--prefetch", "0"])
+    assert (args.batch, args.prefetch) == (100, 0)
+
+
+def test_the_worker_help_states_the_batch_and_prefetch_defaults(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["worker", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--prefetch N" in out
+    assert "(default: 50, or --concurrency if larger)" in out
+    assert "(default: adaptive" in out
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -34,6 +52,8 @@ def test_the_issue_command_line_parses() -> None:
         ["worker", "m:a", "--concurrency", "0"],
         ["worker", "m:a", "--queues", "a,,b"],
         ["worker", "m:a", "--lease", "soon"],
+        ["worker", "m:a", "--prefetch", "-1"],
+        ["worker", "m:a", "--prefetch", "some"],
     ],
 )
 def test_bad_arguments_are_usage_errors(

@@ -17,12 +17,16 @@ Example:
 
 from ._common import DEFAULT_MAX_PAYLOAD_BYTES, compact_json
 from ._jobs import (
+    ACKED,
+    COMPLETION_IDS,
+    COMPLETION_TOKENS,
     DEFAULT_BACKOFF,
     DEFAULT_LEASE,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
     NewJob,
     claim_jobs,
+    complete_and_claim_jobs,
     complete_job,
     complete_jobs,
     count_jobs_by_status,
@@ -91,6 +95,9 @@ from ._partitions import (
 )
 
 __all__ = [
+    "ACKED",
+    "COMPLETION_IDS",
+    "COMPLETION_TOKENS",
     "DEFAULT_BACKOFF",
     "DEFAULT_LEASE",
     "DEFAULT_MAX_ATTEMPTS",
@@ -108,6 +115,7 @@ __all__ = [
     "claim_events",
     "claim_jobs",
     "compact_json",
+    "complete_and_claim_jobs",
     "complete_job",
     "complete_jobs",
     "count_events_by_state",

@@ -202,6 +202,7 @@ class Entry:
     spec: HandlerSpec | None
     claimed_at: float
     lease_deadline: float
+    pair: Pair = dataclasses.field(init=False)  # (id, lease token): the key of its writes
     deadline: float | None = None
     started: float | None = None
     running: bool = False
@@ -209,9 +210,8 @@ class Entry:
     abandoned: bool = False
     task: Any = None  # the asyncio task running it, for AsyncWorker
 
-    @property
-    def pair(self) -> Pair:
-        return (self.job.id, self.job.lease_token)
+    def __post_init__(self) -> None:
+        self.pair = (self.job.id, self.job.lease_token)
 
 
 @dataclasses.dataclass(slots=True)
@@ -546,10 +546,31 @@ class Core:
         self.first_result_at = None
         return results
 
+    @staticmethod
+    def one_statement(results: Sequence[Result]) -> bool:
+        """Whether `write_op` runs a single statement for these results (only completions
+        without follow-up jobs, or nothing but a claim): then it needs no transaction of its
+        own, and the driver runs it in autocommit mode (one round trip, one commit)."""
+        for result in results:
+            if result.action is not Action.COMPLETE or result.entry.context.has_followups:
+                return False
+        return True
+
     def write_op(self, results: Sequence[Result], claim: int) -> Op[Written]:
-        """Write ``results`` and claim up to ``claim`` jobs: one transaction, one commit."""
+        """Write ``results`` and claim up to ``claim`` jobs: one transaction, one commit.
+
+        Completions alone (no follow-up jobs) and a claim are one statement
+        (`st.complete_and_claim_jobs`); see `one_statement`.
+        """
         ops = self.ops
         outcomes: list[tuple[Result, JobOutcome]] = []
+        if results and claim and self.one_statement(results):
+            done, taken = yield from ops.complete_and_claim(
+                [r.entry.pair for r in results], {**self.claim_options, "batch": claim}
+            )
+            succeeded, lost = JobOutcome.SUCCEEDED, JobOutcome.LOST
+            outcomes = [(r, succeeded if r.entry.pair in done else lost) for r in results]
+            return Written(outcomes, taken)
         completes = [r for r in results if r.action is Action.COMPLETE]
         if completes:
             done = yield from ops.complete_rows([r.entry.pair for r in completes])
@@ -557,7 +578,7 @@ class Core:
             for result in completes:
                 ok = result.entry.pair in done
                 outcomes.append((result, JobOutcome.SUCCEEDED if ok else JobOutcome.LOST))
-                if ok:
+                if ok and result.entry.context.has_followups:
                     followups.extend(result.entry.context.followups)
             if followups:
                 yield from ops.enqueue_many(followups)

@@ -92,6 +92,7 @@ class AsyncWorker:
             )
         self.app = app
         self.engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.settings = make_settings(
             worker_id=worker_id,
             queues=queues,
@@ -271,7 +272,9 @@ class AsyncWorker:
         notifications = self.core.notifications
         try:
             written: Written = await self._database(
-                "write", lambda: self.core.write_op(results, claim)
+                "write",
+                lambda: self.core.write_op(results, claim),
+                autocommit=self.core.one_statement(results),
             )
         except BaseException:
             self.core.dropped(results)
@@ -285,8 +288,14 @@ class AsyncWorker:
             self._start(entry)
         return len(written.claimed)
 
-    async def _database(self, operation: str, op: Callable[[], Op[T]]) -> T:
+    async def _database(
+        self, operation: str, op: Callable[[], Op[T]], *, autocommit: bool = False
+    ) -> T:
+        # One statement needs no transaction around it (see `Worker._database`).
         async def attempt() -> T:
+            if autocommit:
+                async with self._autocommit.connect() as conn:
+                    return await _adrive(conn, op())
             async with self.engine.begin() as conn:
                 return await _adrive(conn, op())
 

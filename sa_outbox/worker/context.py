@@ -68,18 +68,19 @@ class CancelToken:
         sa_outbox.worker.errors.JobCancelled: job cancelled: shutdown
     """
 
-    __slots__ = ("_event", "_lock", "_reason", "_waiters")
+    # A worker makes one token per job: the event and the waiters' list exist only once a
+    # handler waits, and one lock (`_LOCK`) serves every token (cancelling is rare).
+    __slots__ = ("_event", "_reason", "_waiters")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
-        self._lock = threading.Lock()
+        self._event: threading.Event | None = None
         self._reason: CancelReason | None = None
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] | None = None
 
     @property
     def cancelled(self) -> bool:
         """Whether the job should stop."""
-        return self._event.is_set()
+        return self._reason is not None
 
     @property
     def reason(self) -> CancelReason | None:
@@ -92,37 +93,52 @@ class CancelToken:
         Use it instead of ``time.sleep`` in a handler that waits: it wakes up at once on a
         shutdown or a lost lease.
         """
-        return self._event.wait(timeout)
+        if self._reason is not None:
+            return True
+        with _LOCK:
+            if self._reason is not None:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     async def wait_async(self) -> None:
         """Wait (asyncio) until cancelled; wrap it in ``asyncio.timeout`` to bound it."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        with self._lock:
-            if self._event.is_set():
+        with _LOCK:
+            if self._reason is not None:
                 return
+            if self._waiters is None:
+                self._waiters = []
             self._waiters.append((loop, future))
         await future
 
     def raise_if_cancelled(self) -> None:
         """Raise `JobCancelled` if cancelled; a handler that lets it propagate gives up."""
-        if self._event.is_set():
+        if self._reason is not None:
             raise JobCancelled(f"job cancelled: {self._reason}")
 
     def cancel(self, reason: CancelReason) -> bool:
         """Cancel (the worker does it); False if it was already cancelled."""
-        with self._lock:
-            if self._event.is_set():
+        with _LOCK:
+            if self._reason is not None:
                 return False
             self._reason = reason
-            self._event.set()
-            waiters, self._waiters = self._waiters, []
-        for loop, future in waiters:
+            event, waiters, self._waiters = self._event, self._waiters, None
+        if event is not None:
+            event.set()
+        for loop, future in waiters or ():
             loop.call_soon_threadsafe(_resolve, future)
         return True
 
     def __repr__(self) -> str:
         return f"CancelToken({self._reason or 'active'})"
+
+
+#: Guards every token's state: taken to cancel, and to start waiting (both rare).
+_LOCK = threading.Lock()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -161,7 +177,7 @@ class JobContext:
         self.claimed = claimed
         self.payload: Any = payload if parsed else claimed.payload
         self.cancel = CancelToken()
-        self._followups: list[NewJob] = []
+        self._followups: list[NewJob] | None = None  # most jobs enqueue none
         self._check = check
 
     @property
@@ -237,12 +253,19 @@ class JobContext:
         job = NewJob(kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key)
         if self._check is not None:
             self._check(job)
+        if self._followups is None:
+            self._followups = []
         self._followups.append(job)
 
     @property
     def followups(self) -> list[NewJob]:
         """The follow-up jobs `enqueue` collected so far."""
-        return list(self._followups)
+        return list(self._followups or ())
+
+    @property
+    def has_followups(self) -> bool:
+        """Whether `enqueue` collected any follow-up job."""
+        return bool(self._followups)
 
     def __repr__(self) -> str:
         return f"JobContext(kind={self.kind!r}, id={self.id}, attempts={self.attempts})"

@@ -119,6 +119,7 @@ class Worker:
             )
         self.app = app
         self.engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.settings = make_settings(
             worker_id=worker_id,
             queues=queues,
@@ -285,8 +286,11 @@ class Worker:
         started = self.timer()
         with self._cond:
             notifications = self.core.notifications
+        autocommit = self.core.one_statement(results)
         try:
-            written: Written = self._database("write", lambda: self.core.write_op(results, claim))
+            written: Written = self._database(
+                "write", lambda: self.core.write_op(results, claim), autocommit=autocommit
+            )
         except Exception:
             with self._cond:
                 self.core.dropped(results)
@@ -299,8 +303,13 @@ class Worker:
         self._dispatch(entries)
         return len(written.claimed)
 
-    def _database(self, operation: str, op: Callable[[], Op[T]]) -> T:
+    def _database(self, operation: str, op: Callable[[], Op[T]], *, autocommit: bool = False) -> T:
+        # One statement needs no transaction around it: in autocommit mode it is one round
+        # trip and one commit, where BEGIN, the statement and COMMIT are three.
         def attempt() -> T:
+            if autocommit:
+                with self._autocommit.connect() as conn:
+                    return _drive(conn, op())
             with self.engine.begin() as conn:
                 return _drive(conn, op())
 
