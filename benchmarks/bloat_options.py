@@ -150,7 +150,7 @@ def _plot(out: pathlib.Path, results: dict[str, list[dict[str, Any]]]) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "bloat_options.png", dpi=90)
+    fig.savefig(out / "bloat_options.png", dpi=72)
     plt.close(fig)
 
 

@@ -313,7 +313,7 @@ def _plot(out_dir: pathlib.Path, results: dict[str, list[dict[str, Any]]]) -> No
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "w7_history.png", dpi=90)
+    fig.savefig(out_dir / "w7_history.png", dpi=72)
     plt.close(fig)
 
 
