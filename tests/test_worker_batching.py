@@ -92,6 +92,36 @@ def test_short_jobs_are_claimed_ahead_once_handlers_have_returned(
     assert metrics.totals["transactions"] == 3
 
 
+def test_short_jobs_may_wait_two_batches_deep_so_the_next_claim_does_not_wait(
+    engine: Engine, make_worker: Callable[..., Worker]
+) -> None:
+    gate = threading.Event()
+    ran: list[int] = []
+
+    def gated(job: JobContext) -> None:
+        ran.append(job.payload["n"])
+        if job.payload["n"] >= 1:
+            assert gate.wait(WAIT)  # takes no (fake) time, but holds its thread
+
+    app = JobApp(Job, handlers={"gated": gated})
+    enqueue(engine, "gated", 40)
+    worker = make_worker(app, concurrency=1, batch=10)
+
+    assert worker.claim() == 1  # no handler has returned yet: only the free one
+    assert worker.wait_for_handlers(WAIT)
+    assert worker.claim() == 10  # one running (held at the gate), nine waiting
+    # Another full batch while those ten are unfinished: up to two batches may wait.
+    assert worker.claim() == 10
+    assert worker.claim() == 1  # room for one more: 1 running, two batches of 10 waiting
+    assert worker.claim() == 0
+    gate.set()
+    assert worker.wait_for_handlers(WAIT)
+    assert worker.flush() == 21
+
+    assert sorted(ran) == sorted(set(ran)) and len(ran) == 22
+    assert jobs_by_status(engine) == {"succeeded": 22, "pending": 18}
+
+
 def test_prefetch_zero_claims_only_for_free_handlers(
     engine: Engine, make_worker: Callable[..., Worker]
 ) -> None:

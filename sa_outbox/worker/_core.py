@@ -47,6 +47,8 @@ DEFAULT_BATCH = 50
 #: With ``prefetch=None``, jobs claimed ahead of a free handler may wait locally about this
 #: long (by the handlers' average run time): short jobs share commits, long ones are not hoarded.
 PREFETCH_HORIZON = 0.1
+#: … and at most this many batches of them: one being worked through, one claimed meanwhile.
+PREFETCH_BATCHES = 2
 
 
 def default_worker_id() -> str:
@@ -293,16 +295,19 @@ class Core:
 
         ``prefetch`` when set; else adaptive: none until a handler has returned, then as
         many as the handlers get through in `PREFETCH_HORIZON` at their average run time,
-        up to ``batch``. Short jobs then share a claim and an acknowledgement per batch even
-        at ``concurrency=1``; long jobs are not hoarded away from other workers.
+        up to two batches. Short jobs then share a claim and an acknowledgement per batch
+        even at ``concurrency=1``, and the loop claims the next batch while the handlers
+        work through the last one instead of waiting for them to drain it; long jobs are
+        not hoarded away from other workers.
         """
         s = self.settings
         if s.prefetch is not None:
             return s.prefetch
         if self.run_time is None:
             return 0
-        if self.run_time * s.batch <= PREFETCH_HORIZON * s.concurrency:
-            return s.batch
+        most = PREFETCH_BATCHES * s.batch
+        if self.run_time * most <= PREFETCH_HORIZON * s.concurrency:
+            return most
         return int(PREFETCH_HORIZON * s.concurrency / self.run_time)
 
     def room(self) -> int:

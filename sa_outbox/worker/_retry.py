@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import tenacity
 from tenacity.wait import wait_base
@@ -17,6 +18,7 @@ from tenacity.wait import wait_base
 from ._core import is_transient
 
 log = logging.getLogger("sa_outbox.worker")
+T = TypeVar("T")
 
 #: 50 ms, doubling, up to 5 s, plus up to 100 ms of jitter: quick after a blip, gentle on a
 #: server that is down, and workers that lost the server together do not return together.
@@ -98,3 +100,87 @@ def async_retrying(
         before_sleep=_before_sleep(operation, report),
         reraise=True,
     )
+
+
+def call_retrying(
+    attempt: Callable[[], T],
+    operation: str,
+    *,
+    stop: Callable[[], bool],
+    sleep: Callable[[float], None],
+    report: Callable[[str, BaseException], None],
+) -> T:
+    """``attempt()``; after a first transient failure, what `retrying` does with it.
+
+    The first call runs outside tenacity (a hot loop pays for it at every batch); its
+    failure is handed to tenacity as the first attempt's, so what follows — the report,
+    the log line, the backoff, giving up — is as if tenacity had made that call.
+
+    Example:
+        >>> calls = []
+        >>> def flaky():
+        ...     calls.append(1)
+        ...     if len(calls) == 1:
+        ...         raise ConnectionError("lost")  # not a database error: raised as it is
+        ...     return 42
+        >>> try:
+        ...     call_retrying(flaky, "claim", stop=lambda: False, sleep=lambda s: None,
+        ...                   report=lambda op, e: None)
+        ... except ConnectionError as exc:
+        ...     print(exc)
+        lost
+    """
+    try:
+        return attempt()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        first: BaseException | None = exc
+
+    def again() -> T:
+        nonlocal first
+        if first is not None:
+            error, first = first, None
+            raise error
+        return attempt()
+
+    retry: Callable[[Callable[[], T]], T] = retrying(
+        operation, stop=stop, sleep=sleep, report=report
+    )
+    return retry(again)
+
+
+async def async_call_retrying(
+    attempt: Callable[[], Awaitable[T]],
+    operation: str,
+    *,
+    stop: Callable[[], bool],
+    sleep: Callable[[float], Awaitable[None]],
+    report: Callable[[str, BaseException], None],
+) -> T:
+    """`call_retrying` for asyncio.
+
+    Example:
+        >>> import asyncio
+        >>> async def answer(): return 42
+        >>> async def sleep(s): pass
+        >>> asyncio.run(async_call_retrying(answer, "claim", stop=lambda: False, sleep=sleep,
+        ...                                 report=lambda op, e: None))
+        42
+    """
+    try:
+        return await attempt()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        first: BaseException | None = exc
+
+    async def again() -> T:
+        nonlocal first
+        if first is not None:
+            error, first = first, None
+            raise error
+        return await attempt()
+
+    retry = async_retrying(operation, stop=stop, sleep=sleep, report=report)
+    return await retry(again)

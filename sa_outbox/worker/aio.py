@@ -25,7 +25,8 @@ from .._retention import AsyncPruner, PruneReport, Retention
 from .._vacuum import DEFAULT_VACUUM, AsyncVacuumer, VacuumPolicy, VacuumReport
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result, Written, jittered, make_settings
-from ._retry import async_retrying
+from ._direct import AsyncHeldConnection, can_hold
+from ._retry import async_call_retrying
 from ._threads import DaemonPool
 from .context import JobContext
 from .listen import AsyncListener
@@ -92,7 +93,9 @@ class AsyncWorker:
             )
         self.app = app
         self.engine = engine
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # The loop's connection: kept by `run` between batches, by a step for its duration.
+        self._held = AsyncHeldConnection(engine)
+        self._hold = False
         self.settings = make_settings(
             worker_id=worker_id,
             queues=queues,
@@ -188,6 +191,7 @@ class AsyncWorker:
         try:
             if s.listen:
                 self._start_listener()
+            self._hold = can_hold(self.engine.sync_engine)
             try:
                 await self._loop()
             except asyncio.CancelledError:
@@ -197,6 +201,8 @@ class AsyncWorker:
                     await self._shutdown_now()
                 raise
         finally:
+            self._hold = False
+            await self._held.release()
             self._keeper_stop.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
@@ -279,6 +285,9 @@ class AsyncWorker:
         except BaseException:
             self.core.dropped(results)
             raise
+        finally:
+            if not self._hold:
+                await self._held.release()
         self.core.written(written)
         entries = self.core.admit(written.claimed, claim, started, notifications)
         self.core.hook(
@@ -294,15 +303,18 @@ class AsyncWorker:
         # One statement needs no transaction around it (see `Worker._database`).
         async def attempt() -> T:
             if autocommit:
-                async with self._autocommit.connect() as conn:
-                    return await _adrive(conn, op())
+                return await self._held.run(op())
+            await self._held.release()  # the loop never needs two connections at once
             async with self.engine.begin() as conn:
                 return await _adrive(conn, op())
 
-        retrying = async_retrying(
-            operation, stop=self._stop_retrying, sleep=self._sleep, report=self._report_error
+        return await async_call_retrying(
+            attempt,
+            operation,
+            stop=self._stop_retrying,
+            sleep=self._sleep,
+            report=self._report_error,
         )
-        return await retrying(attempt)
 
     def _stop_retrying(self) -> bool:
         return self._give_up_at is not None and self.timer() >= self._give_up_at

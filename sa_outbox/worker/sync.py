@@ -28,7 +28,8 @@ from .._retention import Pruner, PruneReport, Retention
 from .._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, VacuumReport
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result, Written, check_engine, jittered, make_settings
-from ._retry import retrying
+from ._direct import HeldConnection, can_hold
+from ._retry import call_retrying
 from ._threads import DaemonPool
 from .listen import Listener
 from .metrics import WorkerMetrics
@@ -61,7 +62,8 @@ class Worker:
     A claim takes up to ``batch`` jobs (default: ``concurrency``, at least 50); those beyond
     the free handlers wait in the worker, heartbeated like the running ones, for at most
     ``prefetch`` of them. ``prefetch=None`` (the default) adapts: none until handlers have
-    returned, then as many as they get through in about 0.1 s at their average run time —
+    returned, then as many as they get through in about 0.1 s at their average run time (at
+    most two batches: the next claim need not wait for the last batch to drain) —
     short jobs share claims and commits even at ``concurrency=1``, long ones are not hoarded.
     ``prefetch=0`` claims only for free handlers.
 
@@ -70,6 +72,12 @@ class Worker:
     rest back to ``pending`` without counting the attempt. A second signal skips the grace
     period. A lost connection or a restarting server is retried with backoff, forever while
     running; nothing is written twice (every write is fenced).
+
+    While it runs, the loop keeps one connection of the engine's pool for its batches (in
+    autocommit mode; a write with follow-up jobs, retries or failures gives it back and takes
+    one for its transaction; a pool of a single connection is shared, not kept), and runs
+    its hot statements through psycopg's cursor on it — unless the engine has event
+    listeners, which then see them run through SQLAlchemy.
 
     Between runs, tests drive it step by step: `claim`, `wait_for_handlers`, `flush`,
     `heartbeat`, `check_timeouts`, `reclaim`, or `run_once` / `drain`. ``clock`` is the
@@ -119,7 +127,9 @@ class Worker:
             )
         self.app = app
         self.engine = engine
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # The loop's connection: kept by `run` between batches, by a step for its duration.
+        self._held = HeldConnection(engine)
+        self._hold = False
         self.settings = make_settings(
             worker_id=worker_id,
             queues=queues,
@@ -214,8 +224,11 @@ class Worker:
             keeper.start()
             if s.listen:
                 self._start_listener()
+            self._hold = can_hold(self.engine)
             self._loop()
         finally:
+            self._hold = False
+            self._held.release()
             keeper_stop.set()
             if self.listener is not None:
                 self.listener.stop()
@@ -295,6 +308,9 @@ class Worker:
             with self._cond:
                 self.core.dropped(results)
             raise
+        finally:
+            if not self._hold:
+                self._held.release()
         elapsed = self.timer() - started
         with self._cond:
             self.core.written(written)
@@ -305,20 +321,22 @@ class Worker:
 
     def _database(self, operation: str, op: Callable[[], Op[T]], *, autocommit: bool = False) -> T:
         # One statement needs no transaction around it: in autocommit mode it is one round
-        # trip and one commit, where BEGIN, the statement and COMMIT are three.
+        # trip and one commit, where BEGIN, the statement and COMMIT are three. It runs on
+        # the loop's held connection (see `_direct`); a transaction takes one from the pool.
         def attempt() -> T:
             if autocommit:
-                with self._autocommit.connect() as conn:
-                    return _drive(conn, op())
+                return self._held.run(op())
+            self._held.release()  # the loop never needs two connections at once
             with self.engine.begin() as conn:
                 return _drive(conn, op())
 
-        return retrying(
+        return call_retrying(
+            attempt,
             operation,
             stop=self._stop_retrying,
             sleep=self._sleep,
             report=self._report_error,
-        )(attempt)
+        )
 
     def _stop_retrying(self) -> bool:
         # While running, a database that went away is waited for; once stopping, only
