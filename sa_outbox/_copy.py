@@ -46,7 +46,7 @@ from ._exceptions import InvalidArgument, InvalidArgumentType, PayloadNotSeriali
 from ._fast_json import prebuilt_encoder
 from ._ids import uuid7_hex
 from .statements._common import Dumps, now_of
-from .statements._jobs import NewJob, _check
+from .statements._jobs import NewJob, _check, _plain
 
 if TYPE_CHECKING:
     from ._executors import AsyncConn, SyncConn
@@ -116,29 +116,9 @@ def _escaped(value: str) -> str:
 
 
 def _usual(job: object) -> bool:
-    """Whether ``job`` is a `NewJob` `_check` accepts as it is, no optional field set, and
-    its names need no escaping.
-
-    Exact types only: a subclass (of NewJob, str, int), or a bool, goes through `_check`.
-    """
-    if type(job) is not NewJob:
-        return False
-    kind, queue, priority, attempts = job.kind, job.queue, job.priority, job.max_attempts
-    return (
-        type(kind) is str
-        and kind != ""
-        and _escaped(kind) is kind
-        and type(queue) is str
-        and queue != ""
-        and _escaped(queue) is queue
-        and type(priority) is int
-        and -_MAX_INT <= priority <= _MAX_INT
-        and type(attempts) is int
-        and 1 <= attempts <= _MAX_INT
-        and job.run_at is None
-        and job.delay is None
-        and job.deduplication_key is None
-    )
+    """Whether ``job`` is plain for `enqueue_jobs` (``_plain``: exactly a `NewJob` that
+    `_check` accepts as it is, no optional field set) and its names need no COPY escaping."""
+    return _plain(job) and _escaped(job.kind) is job.kind and _escaped(job.queue) is job.queue
 
 
 def plan_copy(

@@ -7,7 +7,7 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from sqlalchemy import (
     ARRAY,
@@ -325,7 +325,7 @@ _UNSET: Any = object()
 _NO_ID = uuid.UUID(int=0)
 
 
-def _plain(job: object) -> bool:
+def _plain(job: object) -> TypeGuard[NewJob]:
     """Whether ``job`` is exactly a `NewJob` that `_check` accepts as it is: str names, int
     fields, no run_at, delay or deduplication key (a subclass, or a bool, is not plain)."""
     if type(job) is not NewJob:
