@@ -34,7 +34,13 @@ from typing import Any
 
 from benchmarks.database import Database
 from benchmarks.raw import CLAIM_BATCH, CLAIM_SQL, COMPLETE_SQL, DDL
-from benchmarks.w7_history import SCHEMA, autovacuum_on, connect, conninfo_for
+from benchmarks.w7_history import (
+    SCHEMA,
+    autovacuum_on,
+    connect,
+    conninfo_for,
+    dead_tuples_chart,
+)
 
 __all__ = ["OPTIONS", "main", "measure"]
 
@@ -132,26 +138,21 @@ def _summary(results: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def _plot(out: pathlib.Path, results: dict[str, list[dict[str, Any]]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (dead_ax, rate_ax) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    for i, (option, samples) in enumerate(results.items()):
-        done = [s["done"] / 1000 for s in samples]
-        dead_ax.plot(done, [s["dead_tuples"] for s in samples], label=option, color=f"C{i}")
-        rate_ax.plot(done, [s["rate"] for s in samples], label=option, color=f"C{i}")
-    dead_ax.set_ylabel("dead tuples")
-    dead_ax.set_title("Dead tuples and claim rate while jobs flow, default autovacuum")
-    rate_ax.set_ylabel("claim + complete, jobs/s")
-    rate_ax.set_xlabel("thousands of jobs processed")
-    for ax in (dead_ax, rate_ax):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "bloat_options.png", dpi=72)
-    plt.close(fig)
+    series = {
+        option: (
+            [s["done"] / 1000 for s in samples],
+            [s["dead_tuples"] for s in samples],
+            [s["rate"] for s in samples],
+        )
+        for option, samples in results.items()
+    }
+    dead_tuples_chart(
+        out / "bloat_options.png",
+        series,
+        title="Dead tuples and claim rate while jobs flow, default autovacuum",
+        xlabel="thousands of jobs processed",
+        rate_label="claim + complete, jobs/s",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

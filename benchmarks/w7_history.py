@@ -33,7 +33,7 @@ from typing import Any
 from benchmarks.core import BenchmarkError, make_row
 from benchmarks.raw import CLAIM_BATCH, CLAIM_SQL, COMPLETE_SQL, DDL
 
-__all__ = ["SCHEMA", "autovacuum_on", "connect", "conninfo_for", "run"]
+__all__ = ["SCHEMA", "autovacuum_on", "connect", "conninfo_for", "dead_tuples_chart", "run"]
 
 FLOW = 1_000_000
 PROBE = 50_000
@@ -293,28 +293,52 @@ def _measure(design: _Design, flow: int, probe: int) -> dict[str, Any]:
     return {"fresh": fresh, "after": after, "samples": samples}
 
 
-def _plot(out_dir: pathlib.Path, results: dict[str, list[dict[str, Any]]]) -> None:
+def dead_tuples_chart(
+    path: pathlib.Path,
+    series: dict[str, tuple[list[float], list[float], list[float]]],
+    *,
+    title: str,
+    xlabel: str,
+    rate_label: str,
+) -> None:
+    """Dead tuples above, processing rate below, one line per name: ``(xs, dead, rates)``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (dead_ax, rate_ax) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    for i, (name, measured) in enumerate(results.items()):
-        samples = measured[0]["samples"]
-        ts = [s["t"] for s in samples]
-        dead_ax.plot(ts, [s["dead_tuples"] for s in samples], label=name, color=f"C{i}")
-        rate_ax.plot(ts, [s["rate"] for s in samples], label=name, color=f"C{i}")
+    for i, (name, (xs, dead, rates)) in enumerate(series.items()):
+        dead_ax.plot(xs, dead, label=name, color=f"C{i}")
+        rate_ax.plot(xs, rates, label=name, color=f"C{i}")
     dead_ax.set_ylabel("dead tuples (jobs table)")
-    dead_ax.set_title("W7: continuous load under default autovacuum (first run)")
-    rate_ax.set_ylabel("jobs/s processed")
-    rate_ax.set_xlabel("seconds")
+    dead_ax.set_title(title)
+    rate_ax.set_ylabel(rate_label)
+    rate_ax.set_xlabel(xlabel)
     for ax in (dead_ax, rate_ax):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "w7_history.png", dpi=72)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
+
+
+def _plot(out_dir: pathlib.Path, results: dict[str, list[dict[str, Any]]]) -> None:
+    series = {}
+    for name, measured in results.items():
+        samples = measured[0]["samples"]
+        series[name] = (
+            [s["t"] for s in samples],
+            [s["dead_tuples"] for s in samples],
+            [s["rate"] for s in samples],
+        )
+    dead_tuples_chart(
+        out_dir / "w7_history.png",
+        series,
+        title="W7: continuous load under default autovacuum (first run)",
+        xlabel="seconds",
+        rate_label="jobs/s processed",
+    )
 
 
 def autovacuum_on(url: str) -> bool:
