@@ -744,3 +744,48 @@ def test_vacuum_none_leaves_the_table_to_autovacuum(
     worker = make_worker(JobApp(Job), vacuum=None)
     assert worker.vacuumer is None
     assert worker.vacuum() is None
+
+
+def test_a_vacuum_that_fails_is_reported_and_no_job_is_lost(engine: Engine) -> None:
+    import socket
+
+    from sqlalchemy import create_engine
+
+    from sa_outbox import Vacuumer, VacuumPolicy
+
+    class Errors(WorkerMetrics):
+        def __init__(self) -> None:
+            self.vacuum_failed = threading.Event()
+
+        def database_error(self, operation: str, error: BaseException) -> None:
+            if operation == "vacuum":
+                self.vacuum_failed.set()
+
+    with socket.socket() as sock:  # a port nothing listens on: connecting really fails
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    unreachable = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{port}/test")
+    finished = threading.Event()
+    handled: list[int] = []
+    app = JobApp(Job)
+
+    @app.handler("noop")
+    def noop(job: JobContext) -> None:
+        handled.append(job.payload["n"])
+        if len(handled) == 50:
+            finished.set()
+
+    enqueue(engine, JobQueue(Job), "noop", 50)  # the database's clock: due now
+    metrics = Errors()
+    worker = Worker(app, engine, listen=False, install_signal_handlers=False, metrics=metrics)
+    worker.vacuumer = Vacuumer(unreachable, Job, VacuumPolicy(threshold=1))
+    thread = run_in_thread(worker)
+    try:
+        assert metrics.vacuum_failed.wait(WAIT)  # the keeper tried, failed, and went on
+        assert finished.wait(WAIT)
+    finally:
+        worker.stop()
+        thread.join(WAIT)
+        unreachable.dispose()
+    assert not thread.is_alive() and not thread.errors  # type: ignore[attr-defined]
+    assert jobs_by_status(engine) == {"succeeded": 50}
