@@ -9,7 +9,7 @@ Example:
     nox -s tests                          # SQLAlchemy 2.0 and 2.1
     nox -s "tests(sqlalchemy='2.1')"      # one of them
     nox -s tests -- -k demo -x            # arguments after -- go to pytest
-    nox -s lint typecheck
+    nox -s lint typecheck                 # ruff, lint-imports, mypy --strict
 """
 
 from __future__ import annotations
@@ -51,10 +51,12 @@ def tests(session: nox.Session, sqlalchemy: str) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check."""
-    session.install("ruff>=0.6")
+    """ruff check, ruff format --check, and lint-imports (the layers in pyproject.toml)."""
+    session.install("ruff>=0.6", "import-linter>=2.1")
     session.run("ruff", "check", *LINT_PATHS)
     session.run("ruff", "format", "--check", *LINT_PATHS)
+    # The import-layer check (docs/architecture.md): grimp reads the sources from the clone.
+    session.run("lint-imports", env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session(python=PYTHON)

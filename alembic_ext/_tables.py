@@ -15,7 +15,6 @@ from sqlalchemy import Enum, Table
 from sqlalchemy.orm import registry
 from sqlalchemy.types import TypeEngine
 
-from sa_outbox._partition_ddl import PartitionInterval
 from sa_outbox._validation import identifier, optional_identifier
 from sa_outbox.schema import (
     JOB_STATUS_TYPE_NAME,
@@ -26,6 +25,7 @@ from sa_outbox.schema import (
     OutboxMixin,
     resolve_table,
 )
+from sa_outbox.schema._partition_ddl import PartitionInterval
 
 TableKind = Literal["job", "outbox"]
 KINDS: tuple[TableKind, ...] = ("job", "outbox")

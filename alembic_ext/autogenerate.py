@@ -44,8 +44,8 @@ from sqlalchemy.schema import CreateColumn, CreateIndex
 
 from sa_outbox import statements as st
 from sa_outbox._exceptions import SaOutboxError
-from sa_outbox._partition_ddl import PartitionInterval, partition_interval_of
-from sa_outbox._storage import (
+from sa_outbox.schema._partition_ddl import PartitionInterval, partition_interval_of
+from sa_outbox.schema._storage import (
     STORAGE_INFO_KEY,
     parse_reloptions,
     same_storage,

@@ -5,7 +5,7 @@ table, its indexes and its NOTIFY trigger with the trigger's function (which wak
 up); ``op.drop_job_queue`` drops the table (its indexes and trigger go with it), the
 trigger's function, and then the type. ``op.create_outbox`` / ``op.drop_outbox`` do the same
 for an outbox table, whose two triggers (ordering and relay wake-up, see
-``sa_outbox._outbox_triggers``) are created and dropped the same way. Each operation
+``sa_outbox.schema._outbox_triggers``) are created and dropped the same way. Each operation
 reverses into the other, so autogenerate writes both directions.
 
 ``partition_interval="day"`` (``"hour"``, ``"week"``, ``"month"``) creates the table
@@ -35,16 +35,16 @@ from sqlalchemy import Enum, MetaData, Table, literal
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
 
-from sa_outbox._notify_trigger import create_notify_trigger_sql, drop_notify_trigger_sql
-from sa_outbox._outbox_triggers import create_outbox_triggers_sql, drop_outbox_triggers_sql
-from sa_outbox._partition_ddl import (
+from sa_outbox._validation import identifier, optional_identifier
+from sa_outbox.schema._notify_trigger import create_notify_trigger_sql, drop_notify_trigger_sql
+from sa_outbox.schema._outbox_triggers import create_outbox_triggers_sql, drop_outbox_triggers_sql
+from sa_outbox.schema._partition_ddl import (
     PartitionInterval,
     check_partition_interval,
     drop_dedup_trigger_sql,
     setup_sql,
 )
-from sa_outbox._storage import Storage, check_storage, set_storage_sql
-from sa_outbox._validation import identifier, optional_identifier
+from sa_outbox.schema._storage import Storage, check_storage, set_storage_sql
 
 from ._tables import RECOMMENDED_STORAGE, TableKind, build_table, is_job_status_type
 

@@ -1,8 +1,10 @@
 """sa-outbox: a job queue and a transactional outbox in your own PostgreSQL, through SQLAlchemy.
 
-Layers (imports point down): `sa_outbox.schema` (models) → `sa_outbox.statements` (the
-query builder, no I/O) → `JobQueue` / `AsyncJobQueue` / `Outbox` / `AsyncOutbox` (thin
-executors) → runtimes and integrations.
+Layers (imports point down; docs/architecture.md draws them): `sa_outbox.schema` (models)
+→ `sa_outbox.statements` (the query builder, no I/O) → `sa_outbox.queue` (`JobQueue`,
+`Outbox`: thin executors) → `sa_outbox.events` (the unit of work) and
+`sa_outbox.maintenance` → `sa_outbox.worker` and `sa_outbox.relay` → `sa_outbox.publishers`
+→ `sa_outbox.cli`. This module only re-exports the public names.
 
 Example:
     >>> from sqlalchemy.orm import DeclarativeBase
@@ -18,7 +20,6 @@ Example:
 from ._backoff import Backoff
 from ._clock import Clock, DatabaseClock, FakeClock
 from ._embedded import embedded_database_url
-from ._event_classes import UnknownEventType, decode_event, event_types
 from ._exceptions import (
     InvalidArgument,
     InvalidArgumentType,
@@ -27,23 +28,38 @@ from ._exceptions import (
     PayloadTooLarge,
     SaOutboxError,
 )
-from ._health import HealthReport, TableHealth, XminHolder, table_health
-from ._job_queue import AsyncJobQueue, JobQueue
-from ._outbox_store import AsyncOutbox, Outbox
-from ._partitions import PartitionReport, amaintain_partitions, maintain_partitions
-from ._results import (
+from .events import UnknownEventType, decode_event, enqueue, event_types, install
+from .maintenance import (
+    AsyncPruner,
+    AsyncVacuumer,
+    HealthReport,
+    PartitionReport,
+    Pruner,
+    PruneReport,
+    Retention,
+    TableHealth,
+    Vacuumer,
+    VacuumPolicy,
+    VacuumReport,
+    XminHolder,
+    amaintain_partitions,
+    maintain_partitions,
+    table_health,
+)
+from .queue import (
+    AsyncJobQueue,
+    AsyncOutbox,
     BatchResult,
     ClaimedEvent,
     ClaimedJob,
     EnqueueResult,
+    JobQueue,
+    Outbox,
     ParkedEvent,
     ReclaimedJob,
     RejectedEvent,
     RetryResult,
 )
-from ._retention import AsyncPruner, Pruner, PruneReport, Retention
-from ._session_hooks import enqueue, install
-from ._vacuum import AsyncVacuumer, Vacuumer, VacuumPolicy, VacuumReport
 from .relay import (
     AsyncRelay,
     EventsRejected,

@@ -29,11 +29,10 @@ from sa_outbox import (
     PayloadTooLarge,
     _ids,
 )
-from sa_outbox._copy import _COLUMNS, _append_checked, plan_copy
-from sa_outbox._fast_json import fast_compact_json
 from sa_outbox._ids import uuid7, uuid7_hex
+from sa_outbox._json import compact_json, fast_compact_json
+from sa_outbox.queue._copy import _COLUMNS, _append_checked, plan_copy
 from sa_outbox.statements import listen_sql
-from sa_outbox.statements._common import compact_json
 
 from .conftest import Job
 

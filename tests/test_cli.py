@@ -16,8 +16,12 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.schema import DropSchema
 
 import sa_outbox
-from sa_outbox import InvalidArgument, cli
-from sa_outbox._demo import (
+from sa_outbox import InvalidArgument
+from sa_outbox.cli import ENV_DATABASE_URL, main
+from sa_outbox.cli import _common as cli_common
+from sa_outbox.cli import _main as cli_main
+from sa_outbox.cli import database_url as parse_url
+from sa_outbox.cli._demo import (
     BAD_RECIPIENT,
     DEMO_SCHEMA,
     Job,
@@ -25,8 +29,6 @@ from sa_outbox._demo import (
     demo_schema_lock,
     run_demo,
 )
-from sa_outbox.cli import ENV_DATABASE_URL, main
-from sa_outbox.cli import database_url as parse_url
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +107,7 @@ def test_demo_without_a_url_uses_the_embedded_database(
         started.append(True)
         return database_url
 
-    monkeypatch.setattr(cli, "embedded_database_url", fake_embedded)
+    monkeypatch.setattr(cli_main, "embedded_database_url", fake_embedded)
     assert main(["demo", "--jobs", "2"]) == 0
     assert started == [True]
     out = capsys.readouterr().out
@@ -164,7 +166,7 @@ def test_a_driver_that_cannot_load_says_what_to_install(monkeypatch, capsys):
     def no_libpq(url: object) -> Engine:
         raise ImportError("no pq wrapper available")
 
-    monkeypatch.setattr(cli, "create_engine", no_libpq)
+    monkeypatch.setattr(cli_common, "create_engine", no_libpq)
     assert main(["demo", "--database-url", "postgresql://app@db/app"]) == 1
     err = capsys.readouterr().err
     assert "no pq wrapper available" in err

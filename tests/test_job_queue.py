@@ -9,14 +9,7 @@ import uuid
 import pytest
 from sqlalchemy import Engine, text
 
-from sa_outbox import (
-    Backoff,
-    FakeClock,
-    JobQueue,
-    JobStatus,
-    LeaseLost,
-    NewJob,
-)
+from sa_outbox import Backoff, FakeClock, JobQueue, JobStatus, LeaseLost, NewJob
 
 from .conftest import Job
 from .helpers import job_row, jobs_by_status

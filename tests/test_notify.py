@@ -18,7 +18,7 @@ from sqlalchemy.orm import DeclarativeBase
 
 import alembic_ext  # noqa: F401  (registers op.create_job_queue)
 from sa_outbox import JobMixin, JobQueue, NewJob
-from sa_outbox._notify_trigger import job_notify_channel
+from sa_outbox.schema._notify_trigger import job_notify_channel
 from sa_outbox.statements import listen_sql, parse_notify_payload
 
 WAIT = 10.0

@@ -42,7 +42,7 @@ from sa_outbox import (
     Worker,
     WorkerMetrics,
 )
-from sa_outbox._notify_trigger import job_notify_channel
+from sa_outbox.schema._notify_trigger import job_notify_channel
 from sa_outbox.statements import listen_sql
 
 from .conftest import TEST_SCHEMA, Job

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._results import ClaimedEvent
+from ..queue._results import ClaimedEvent
 from ..statements import compact_json
 
 __all__ = ["body_of", "envelope_of", "message_headers"]

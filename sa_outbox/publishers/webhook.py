@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 import httpx
 
 from .._exceptions import InvalidArgumentType
-from .._results import ClaimedEvent
+from ..queue._results import ClaimedEvent
 from ..relay._core import describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ..statements import compact_json

@@ -20,10 +20,10 @@ from sqlalchemy.exc import DBAPIError
 from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import InvalidArgumentType
-from .._executors import _adrive
-from .._outbox_store import _OutboxOps
-from .._results import ClaimedEvent
-from .._vacuum import DEFAULT_VACUUM, AsyncVacuumer, VacuumPolicy, VacuumReport
+from ..maintenance._vacuum import DEFAULT_VACUUM, AsyncVacuumer, VacuumPolicy, VacuumReport
+from ..queue._executors import _adrive
+from ..queue._outbox import _OutboxOps
+from ..queue._results import ClaimedEvent
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
 from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import tenacity
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from .._executors import Op
-from .._outbox_store import _OutboxOps
-from .._results import ClaimedEvent
+from ..queue._executors import Op
+from ..queue._outbox import _OutboxOps
+from ..queue._results import ClaimedEvent
 from ._config import RelaySettings
 from ._plan import BatchPlan, RelayReport
 from ._publisher import EventsRejected, PublisherUnavailable

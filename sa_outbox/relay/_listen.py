@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
-from .._executors import _adrive, _drive
-from .._outbox_store import _OutboxOps
+from ..queue._executors import _adrive, _drive
+from ..queue._outbox import _OutboxOps
 from ._core import LOGGER
 
 if TYPE_CHECKING:

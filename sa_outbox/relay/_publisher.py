@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from .._exceptions import SaOutboxError
-from .._results import ClaimedEvent
+from ..queue._results import ClaimedEvent
 
 __all__ = ["EventsRejected", "PublishError", "Publisher", "PublisherUnavailable"]
 

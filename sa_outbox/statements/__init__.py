@@ -15,30 +15,25 @@ Example:
     >>> stmt = stmt.where(Job.__table__.c.kind != "slow")  # extend it, then run it yourself
 """
 
-from ._common import DEFAULT_MAX_PAYLOAD_BYTES, compact_json
-from ._jobs import (
+from .._json import compact_json
+from ._common import DEFAULT_MAX_PAYLOAD_BYTES
+from ._job_claim import (
     ACKED,
     COMPLETION_IDS,
     COMPLETION_TOKENS,
-    DEFAULT_BACKOFF,
-    DEFAULT_LEASE,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_QUEUE,
-    NewJob,
     claim_jobs,
     complete_and_claim_jobs,
     complete_job,
     complete_jobs,
-    count_jobs_by_status,
-    enqueue_job,
-    enqueue_jobs,
-    fail_job,
     heartbeat_job,
     heartbeat_jobs,
-    job_notify_channel_of,
-    listen_sql,
-    notify_jobs,
-    parse_notify_payload,
+)
+from ._job_defaults import DEFAULT_BACKOFF, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from ._job_enqueue import NewJob, enqueue_job, enqueue_jobs
+from ._job_notify import job_notify_channel_of, listen_sql, notify_jobs, parse_notify_payload
+from ._job_settle import (
+    count_jobs_by_status,
+    fail_job,
     prune_jobs,
     reclaim_expired_jobs,
     release_jobs,
@@ -55,13 +50,15 @@ from ._maintenance import (
     vacuum_table,
     xmin_holders,
 )
-from ._outbox import (
+from ._outbox_append import NewEvent, append_event, append_events
+from ._outbox_claim import (
     DEFAULT_RELAY_BACKOFF,
     DEFAULT_RELAY_LEASE,
-    NewEvent,
-    append_event,
-    append_events,
     claim_events,
+    select_aggregate_heads,
+    select_claim_candidates,
+)
+from ._outbox_settle import (
     mark_event_published,
     mark_events_published,
     notify_relays,
@@ -70,8 +67,6 @@ from ._outbox import (
     reject_events,
     release_events,
     requeue_parked_events,
-    select_aggregate_heads,
-    select_claim_candidates,
     select_parked_events,
 )
 from ._partitions import (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -25,11 +24,6 @@ from ..schema import resolve_table
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 
 Dumps = Callable[[Any], str]
-
-
-def compact_json(value: Any) -> str:
-    """JSON without spaces, refusing NaN and Infinity (jsonb rejects them too)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def table_of(target: object) -> Table:

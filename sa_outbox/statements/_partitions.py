@@ -2,7 +2,7 @@
 
 Pure builders, like the rest of the query builder: they return SQL, never run it. DDL takes
 no bind parameters, so bounds and names are rendered into the text: names are identifiers
-checked by `sa_outbox._partition_ddl` and quoted here, bounds are ``datetime`` values
+checked by `sa_outbox.schema._partition_ddl` and quoted here, bounds are ``datetime`` values
 rendered in ISO 8601. Every statement names the parent as ``parent`` (a `Table` whose
 ``schema`` is the schema the table really lives in: partitions are created beside it).
 """
@@ -20,9 +20,9 @@ from sqlalchemy.sql.elements import TextClause
 
 from .._clock import Clock
 from .._exceptions import InvalidArgument
-from .._partition_ddl import qualified_name
-from .._storage import with_clause
 from .._validation import identifier
+from ..schema._partition_ddl import qualified_name
+from ..schema._storage import with_clause
 from ._common import now_of, table_of
 
 _PREPARER = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]

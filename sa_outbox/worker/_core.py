@@ -29,9 +29,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from .. import statements as st
 from .._exceptions import InvalidArgument, InvalidArgumentType, LeaseLost
-from .._executors import Op, _JobOps
-from .._results import BatchResult, ClaimedJob
 from .._validation import count, duration, name_filter, text
+from ..queue._executors import Op, _JobOps
+from ..queue._results import BatchResult, ClaimedJob
 from ..schema import JobStatus
 from .context import CancelReason, JobContext
 from .errors import InvalidPayload, JobCancelled, JobTimeout, PermanentError, UnknownJobKind

@@ -28,7 +28,7 @@ from sqlalchemy import ARRAY, Connection, Engine, Executable, Uuid
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.sql import ClauseElement
 
-from .._executors import Op, Step
+from ..queue._executors import Op, Step
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine

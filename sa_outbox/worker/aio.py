@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._clock import Clock
 from .._exceptions import InvalidArgument, InvalidArgumentType
-from .._executors import Op, _adrive, _JobOps
-from .._results import BatchResult, ReclaimedJob
-from .._retention import AsyncPruner, PruneReport, Retention
-from .._vacuum import DEFAULT_VACUUM, AsyncVacuumer, VacuumPolicy, VacuumReport
+from ..maintenance._retention import AsyncPruner, PruneReport, Retention
+from ..maintenance._vacuum import DEFAULT_VACUUM, AsyncVacuumer, VacuumPolicy, VacuumReport
+from ..queue._executors import Op, _adrive, _JobOps
+from ..queue._results import BatchResult, ReclaimedJob
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result, Written, jittered, make_settings
 from ._direct import AsyncHeldConnection, can_hold

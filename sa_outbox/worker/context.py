@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .._results import ClaimedJob
+from ..queue._results import ClaimedJob
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob
 from .errors import JobCancelled
 

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._backoff import Backoff
 from .._clock import Clock
-from .._job_queue import AsyncJobQueue, JobQueue
-from .._results import ReclaimedJob
 from .._validation import count, duration
+from ..queue._job_queue import AsyncJobQueue, JobQueue
+from ..queue._results import ReclaimedJob
 from ..schema import JobStatus
 from ..statements import DEFAULT_BACKOFF
 from ._core import check_engine, jittered

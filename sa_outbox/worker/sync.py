@@ -22,10 +22,10 @@ from sqlalchemy import Engine
 
 from .._clock import Clock
 from .._exceptions import InvalidArgument, InvalidArgumentType
-from .._executors import Op, _drive, _JobOps
-from .._results import BatchResult, ReclaimedJob
-from .._retention import Pruner, PruneReport, Retention
-from .._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, VacuumReport
+from ..maintenance._retention import Pruner, PruneReport, Retention
+from ..maintenance._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, VacuumReport
+from ..queue._executors import Op, _drive, _JobOps
+from ..queue._results import BatchResult, ReclaimedJob
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result, Written, check_engine, jittered, make_settings
 from ._direct import HeldConnection, can_hold

@@ -16,22 +16,16 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 from sqlalchemy import Connection, Executable
 from sqlalchemy.orm import Session
 
-from . import statements as st
-from ._backoff import Backoff
-from ._clock import Clock
-from ._exceptions import LeaseLost
-from ._fast_json import fast_compact_json
-from ._results import (
-    BatchResult,
-    ClaimedJob,
-    EnqueueResult,
-    ReclaimedJob,
-    RetryResult,
-)
-from ._validation import count
-from .schema import JobStatus, resolve_table
-from .statements._common import Dumps, id_token_pairs
-from .statements._jobs import COMPLETION_IDS, COMPLETION_TOKENS
+from .. import statements as st
+from .._backoff import Backoff
+from .._clock import Clock
+from .._exceptions import LeaseLost
+from .._json import fast_compact_json
+from .._validation import count
+from ..schema import JobStatus, resolve_table
+from ..statements._common import Dumps, id_token_pairs
+from ..statements._job_claim import COMPLETION_IDS, COMPLETION_TOKENS
+from ._results import BatchResult, ClaimedJob, EnqueueResult, ReclaimedJob, RetryResult
 
 Pair: TypeAlias = tuple[uuid.UUID, uuid.UUID]
 

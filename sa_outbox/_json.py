@@ -1,4 +1,8 @@
-"""`compact_json`'s output at a quarter of its cost, for serialising many small payloads.
+"""JSON as the library writes it: `compact_json`, and `fast_compact_json` for many payloads.
+
+`compact_json` is JSON without spaces that refuses NaN and Infinity (jsonb rejects them
+too). `fast_compact_json` gives its output at a quarter of its cost, for serialising many
+small payloads.
 
 ``json.dumps`` with options (and ``JSONEncoder.encode``) sets up a new C encoder at every
 call; for the small payloads of a job that setup is most of the time (about 1.2 µs of
@@ -11,13 +15,22 @@ Example:
 
 from __future__ import annotations
 
+import json
 import json.encoder
 from collections.abc import Callable
 from typing import Any
 
-from .statements._common import compact_json
+__all__ = ["compact_json", "fast_compact_json", "prebuilt_encoder"]
 
-__all__ = ["fast_compact_json", "prebuilt_encoder"]
+
+def compact_json(value: Any) -> str:
+    """JSON without spaces, refusing NaN and Infinity (jsonb rejects them too).
+
+    Example:
+        >>> compact_json({"a": [1, "é"]})
+        '{"a":[1,"é"]}'
+    """
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def _prebuilt() -> Callable[[Any, int], Any] | None:

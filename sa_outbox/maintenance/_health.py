@@ -17,10 +17,10 @@ import dataclasses
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
-from . import statements as st
-from ._clock import Clock
-from ._exceptions import InvalidArgument
-from .schema import JobStatus, resolve_table
+from .. import statements as st
+from .._clock import Clock
+from .._exceptions import InvalidArgument
+from ..schema import JobStatus, resolve_table
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection

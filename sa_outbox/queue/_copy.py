@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Table, select
 from sqlalchemy.orm import Session
 
-from ._clock import Clock, DatabaseClock
-from ._exceptions import InvalidArgument, InvalidArgumentType, PayloadNotSerializable
-from ._fast_json import prebuilt_encoder
-from ._ids import uuid7_hex
-from .statements._common import Dumps, now_of
-from .statements._jobs import NewJob, _check, _plain
+from .._clock import Clock, DatabaseClock
+from .._exceptions import InvalidArgument, InvalidArgumentType, PayloadNotSerializable
+from .._ids import uuid7_hex
+from .._json import prebuilt_encoder
+from ..statements._common import Dumps, now_of
+from ..statements._job_enqueue import NewJob, _check, _plain
 
 if TYPE_CHECKING:
     from ._executors import AsyncConn, SyncConn
@@ -142,7 +142,7 @@ def plan_copy(
     `enqueue_jobs` runs, which accept it or say what is wrong.
 
     Example:
-        >>> from sa_outbox._fast_json import fast_compact_json
+        >>> from sa_outbox._json import fast_compact_json
         >>> plan = plan_copy([NewJob("send", {"to": "ana"}), NewJob("send", [])],
         ...                  clock=None, dumps=fast_compact_json, max_payload_bytes=1024,
         ...                  quote_table="jobs", ids=["0" * 32, "1" * 32])

@@ -7,7 +7,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from .schema import JobStatus
+from ..schema import JobStatus
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,11 +22,11 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from . import statements as st
-from ._clock import Clock
-from ._exceptions import InvalidArgument, InvalidArgumentType
-from ._validation import count, duration
-from .schema import JobStatus, resolve_table
+from .. import statements as st
+from .._clock import Clock
+from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._validation import count, duration
+from ..schema import JobStatus, resolve_table
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine

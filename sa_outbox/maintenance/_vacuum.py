@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import statements as st
-from ._exceptions import InvalidArgumentType
-from ._validation import count, duration
-from .schema import resolve_table
+from .. import statements as st
+from .._exceptions import InvalidArgumentType
+from .._validation import count, duration
+from ..schema import resolve_table
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine, Table

@@ -24,18 +24,19 @@ from typing import TYPE_CHECKING, Any, overload
 from sqlalchemy import Connection, event, inspect
 from sqlalchemy.orm import Session, UOWTransaction, scoped_session, sessionmaker
 
-from ._event_classes import added_order, event_row, field_values, is_domain_event, mark_added
-from ._exceptions import InvalidArgument, InvalidArgumentType, SaOutboxError
-from ._ids import uuid7
-from ._job_queue import AsyncJobQueue, JobQueue
-from ._results import EnqueueResult
-from .schema import JobMixin, OutboxMixin, resolve_table
-from .statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, append_events
+from .._exceptions import InvalidArgument, InvalidArgumentType, SaOutboxError
+from .._ids import uuid7
+from ..queue._job_queue import AsyncJobQueue, JobQueue
+from ..queue._results import EnqueueResult
+from ..schema import JobMixin, OutboxMixin, resolve_table
+from ..schema._event_types import added_order, field_values, is_domain_event, mark_added
+from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, append_events
+from ._rows import event_row
 
 if TYPE_CHECKING:
     import datetime as dt
 
-    from ._executors import AsyncConn
+    from ..queue._executors import AsyncConn
 
 __all__ = ["JOB_MODEL_INFO_KEY", "enqueue", "install"]
 

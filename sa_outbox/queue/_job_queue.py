@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Table
 
-from . import statements as st
-from ._backoff import Backoff
-from ._clock import Clock
+from .. import statements as st
+from .._backoff import Backoff
+from .._clock import Clock
+from ..schema import JobStatus
+from ..statements._common import Dumps
 from ._copy import copy_jobs_async, copy_jobs_sync
 from ._executors import SyncConn, _adrive, _drive, _JobOps
 from ._results import BatchResult, ClaimedJob, EnqueueResult, ReclaimedJob, RetryResult
-from .schema import JobStatus
-from .statements._common import Dumps
 
 if TYPE_CHECKING:
     from ._executors import AsyncConn

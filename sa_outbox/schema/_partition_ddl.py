@@ -36,9 +36,9 @@ from typing import Any, Literal
 from sqlalchemy import DDL, PrimaryKeyConstraint, Table, event
 from sqlalchemy.sql.schema import SchemaItem
 
-from ._exceptions import InvalidArgument
+from .._exceptions import InvalidArgument
+from .._validation import identifier
 from ._storage import alter_storage_sql, preparer, with_clause
-from ._validation import identifier
 
 __all__ = [
     "INITIAL_PARTITIONS_AHEAD",

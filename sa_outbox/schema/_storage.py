@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql
 
-from ._exceptions import InvalidArgument, InvalidArgumentType
+from .._exceptions import InvalidArgument, InvalidArgumentType
 
 __all__ = [
     "RECOMMENDED_JOB_STORAGE",

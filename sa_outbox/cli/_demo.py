@@ -36,12 +36,12 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.schema import CreateSchema, DropSchema
 
-from ._exceptions import InvalidArgument
-from ._job_queue import JobQueue
-from ._outbox_store import Outbox
-from ._results import ClaimedJob
-from .schema import JobMixin, JobStatus, OutboxMixin
-from .statements import NewJob
+from .._exceptions import InvalidArgument
+from ..queue._job_queue import JobQueue
+from ..queue._outbox import Outbox
+from ..queue._results import ClaimedJob
+from ..schema import JobMixin, JobStatus, OutboxMixin
+from ..statements import NewJob
 
 __all__ = [
     "CLAIM_BATCH",
@@ -163,7 +163,7 @@ def send_email(payload: Any) -> None:
         >>> send_email({"to": "nobody"})
         Traceback (most recent call last):
         ...
-        sa_outbox._demo.PermanentJobError: invalid recipient 'nobody': not an e-mail address
+        sa_outbox.cli._demo.PermanentJobError: invalid recipient 'nobody': not an e-mail address
     """
     recipient = str(payload["to"])
     if "@" not in recipient:

@@ -38,8 +38,8 @@ from sqlalchemy import DDL, Table, event
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.schema import SchemaItem
 
+from .._validation import identifier
 from ._partition_ddl import PARTITION_INFO_KEY
-from ._validation import identifier
 
 __all__ = [
     "OutboxTriggers",

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Table
 
-from . import statements as st
-from ._backoff import Backoff
-from ._clock import Clock
-from ._exceptions import LeaseLost
+from .. import statements as st
+from .._backoff import Backoff
+from .._clock import Clock
+from .._exceptions import LeaseLost
+from ..schema import resolve_table
+from ..statements._common import Dumps
 from ._executors import Op, SyncConn, _adrive, _batch, _drive, _payload_options
 from ._results import BatchResult, ClaimedEvent, ParkedEvent, RejectedEvent
-from .schema import resolve_table
-from .statements._common import Dumps
 
 if TYPE_CHECKING:
     from ._executors import AsyncConn

@@ -33,7 +33,7 @@ from sqlalchemy import DDL, Table, event
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.schema import SchemaItem
 
-from ._validation import identifier
+from .._validation import identifier
 
 __all__ = [
     "MAX_CHANNEL_BYTES",

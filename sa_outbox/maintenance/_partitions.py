@@ -36,19 +36,19 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import MetaData, Table
 from sqlalchemy.exc import DBAPIError
 
-from . import statements as st
-from ._clock import Clock
-from ._exceptions import InvalidArgument
-from ._partition_ddl import (
+from .. import statements as st
+from .._clock import Clock
+from .._exceptions import InvalidArgument
+from .._validation import count, duration
+from ..schema import TABLE_KIND_INFO_KEY, resolve_table
+from ..schema._partition_ddl import (
     PartitionInterval,
     interval_start,
     next_start,
     partition_interval_of,
     partition_name,
 )
-from ._storage import storage_of
-from ._validation import count, duration
-from .schema import TABLE_KIND_INFO_KEY, resolve_table
+from ..schema._storage import storage_of
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine

@@ -1,0 +1,69 @@
+"""Layer 5, integrations: the ``sa-outbox`` command line (also ``python -m sa_outbox``).
+
+May import anything in the package; nothing in the package imports it. One module per
+command group: ``_worker``, ``_relay``, ``_maintenance`` (prune, health, partitions),
+``_main`` (the parser, ``demo`` and `main`), ``_common`` (what they share).
+
+Commands:
+
+``sa-outbox demo [--database-url URL] [--jobs N]``
+    Runs the job queue and the outbox end to end in the schema ``sa_outbox_demo`` (dropped
+    and created again) and prints a summary. The database is ``--database-url``, else
+    ``$SA_OUTBOX_DATABASE_URL``, else an embedded PostgreSQL (``pip install
+    "sa-outbox[embedded]"``).
+
+``sa-outbox worker TARGET [--queues a,b] [--concurrency N] [--database-url URL] …``
+    Runs a worker for the `JobApp` at ``TARGET`` (``module:attribute``, e.g.
+    ``myapp.tasks:app``; the attribute may also be a function returning one) until SIGTERM
+    or SIGINT, then shuts down gracefully. An app with ``async def`` handlers runs on
+    `AsyncWorker`, any other on `Worker`. The database is ``--database-url``, else
+    ``$SA_OUTBOX_DATABASE_URL``.
+
+``sa-outbox relay TARGET [--once] [--log-level LEVEL]``
+    Runs the outbox `Relay` (or `AsyncRelay`) at ``TARGET`` (``module:attribute``, e.g.
+    ``myapp.outbox:relay``, or a function returning one) until SIGTERM or SIGINT: claim →
+    publish → mark, in each aggregate's order. ``--once`` runs one cycle and prints what it
+    did. The relay object carries its engine, outbox model and publisher.
+
+``sa-outbox prune TARGET --older-than 7d [--failed-older-than 30d] [--outbox TARGET] …``
+    Deletes finished jobs of the job model at ``TARGET`` (and, with ``--outbox``, published
+    events) older than the windows, ``--batch`` rows per short transaction, one pruner at a
+    time per table (`Pruner`); prints progress every ``--progress-every`` batches.
+
+``sa-outbox health TARGET [--outbox TARGET]``
+    Prints `table_health`: row counts, dead tuples, vacuum times, sizes, the oldest ready
+    pending job and the sessions holding back the xmin horizon.
+
+``sa-outbox partitions maintain --table TARGET [--ahead N] [--retention 7d]``
+    Runs `maintain_partitions` on the partitioned job or outbox model at ``TARGET``:
+    creates partitions ``--ahead`` intervals ahead, drops those past ``--retention`` that
+    hold no unfinished work, and prints what it created, moved, dropped and kept.
+
+Each command is a function that adds its subparser and sets ``handler`` to a function of
+the parsed arguments returning the exit status: 0 on success, 1 on a runtime error (printed
+as ``sa-outbox COMMAND: error: …``), 2 on a usage error (argparse's own convention).
+
+Example:
+    >>> args = build_parser().parse_args(["demo", "--jobs", "50"])
+    >>> args.command, args.jobs, args.database_url
+    ('demo', 50, None)
+    >>> args = build_parser().parse_args(
+    ...     ["worker", "myapp.tasks:app", "--queues", "default,emails", "--concurrency", "16"])
+    >>> args.target, args.queues, args.concurrency
+    ('myapp.tasks:app', ['default', 'emails'], 16)
+"""
+
+from ._common import ENV_DATABASE_URL, CommandError, database_url, load_table, parse_duration
+from ._main import build_parser, main
+from ._worker import load_target
+
+__all__ = [
+    "ENV_DATABASE_URL",
+    "CommandError",
+    "build_parser",
+    "database_url",
+    "load_table",
+    "load_target",
+    "main",
+    "parse_duration",
+]

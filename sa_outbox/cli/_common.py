@@ -1,0 +1,197 @@
+"""What every command shares: the database URL, engines, argument types, logging."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from sqlalchemy import Engine, Table, create_engine
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+from .._exceptions import InvalidArgument, SaOutboxError
+from .._loading import import_target
+from ..schema import resolve_table
+from ..worker import JobApp
+
+#: The environment variable commands read the database URL from when none is given.
+ENV_DATABASE_URL = "SA_OUTBOX_DATABASE_URL"
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+# Drivers the commands (all synchronous) run on instead of an asyncio one or none at all.
+_SYNC_DRIVER = {"": "psycopg", "psycopg_async": "psycopg", "asyncpg": "psycopg"}
+
+
+class CommandError(SaOutboxError):
+    """A command could not do its work; ``main`` prints the message and exits with 1.
+
+    Example:
+        >>> str(CommandError("cannot connect"))
+        'cannot connect'
+    """
+
+    __module__ = "sa_outbox.cli"  # its public home, as tracebacks show it
+
+
+def database_url(raw: str) -> URL:
+    """Parse a PostgreSQL URL for the commands, on psycopg 3 unless it names a sync driver.
+
+    ``postgres://`` and ``postgresql://`` (as many hosts hand them out) and the asyncio
+    drivers become ``postgresql+psycopg://``; other databases are refused.
+
+    Example:
+        >>> database_url("postgres://app:secret@db:5432/app").render_as_string()
+        'postgresql+psycopg://app:***@db:5432/app'
+        >>> database_url("sqlite:///app.db")
+        Traceback (most recent call last):
+        ...
+        sa_outbox.cli.CommandError: sa-outbox needs PostgreSQL, but the database URL is for 'sqlite'
+    """
+    try:
+        url = make_url(raw)
+    except ArgumentError:
+        raise CommandError(
+            "the database URL could not be parsed; expected something like "
+            "postgresql+psycopg://user:password@host:5432/dbname"
+        ) from None
+    backend, _, driver = url.drivername.partition("+")
+    if backend not in ("postgresql", "postgres"):
+        raise CommandError(f"sa-outbox needs PostgreSQL, but the database URL is for {backend!r}")
+    return url.set(drivername=f"postgresql+{_SYNC_DRIVER.get(driver, driver)}")
+
+
+def _engine(url: URL) -> Engine:
+    try:
+        return create_engine(url)
+    except ImportError as exc:
+        raise CommandError(
+            f"the PostgreSQL driver for {url.drivername} could not be loaded ({exc}); "
+            'install psycopg with its binary build: pip install "sa-outbox[binary]"'
+        ) from exc
+
+
+def _names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected names separated by commas, got {value!r}")
+    return names
+
+
+def _not_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return number
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"must be more than zero, got {value}")
+        return number
+
+    return parse
+
+
+def _import_target(target: str) -> object:
+    try:
+        return import_target(target, example="myapp.models:Job")
+    except InvalidArgument as exc:
+        raise CommandError(str(exc)) from None
+
+
+def load_table(target: str) -> Table:
+    """The table of the model (or `Table`, or `JobApp`) at ``module:attribute``.
+
+    Example:
+        >>> load_table("json:dumps")
+        Traceback (most recent call last):
+        ...
+        sa_outbox.cli.CommandError: json:dumps is not a job or outbox model, a Table nor a JobApp
+    """
+    found = _import_target(target)
+    if isinstance(found, JobApp):
+        found = found.model
+    try:
+        return resolve_table(found)
+    except SaOutboxError:
+        raise CommandError(f"{target} is not a job or outbox model, a Table nor a JobApp") from None
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: str) -> dt.timedelta:
+    """A duration as the commands take it: a whole number and a unit (s, m, h, d, w).
+
+    Example:
+        >>> parse_duration("7d"), parse_duration("90s")
+        (datetime.timedelta(days=7), datetime.timedelta(seconds=90))
+        >>> parse_duration("7 days")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: expected a duration like 7d, 12h, 30m or 90s, got '7 days'
+    """
+    text = value.strip().lower()
+    number, unit = text[:-1], text[-1:]
+    if unit not in _UNITS or not number.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 7d, 12h, 30m or 90s, got {value!r}"
+        )
+    return dt.timedelta(seconds=int(number) * _UNITS[unit])
+
+
+def _url_of(args: argparse.Namespace) -> URL:
+    raw = args.database_url or os.environ.get(ENV_DATABASE_URL)
+    if not raw:
+        raise CommandError(f"give the database with --database-url or ${ENV_DATABASE_URL}")
+    return database_url(raw)
+
+
+def _connect(args: argparse.Namespace) -> tuple[URL, Engine]:
+    url = _url_of(args)
+    return url, _engine(url)
+
+
+def _add_database_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url", metavar="URL", help=f"PostgreSQL URL (default: ${ENV_DATABASE_URL})"
+    )
+
+
+def _add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="(default: %(default)s)",
+    )
+
+
+def _setup_logging(level: str) -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=level,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+
+
+def _database_error(url: URL, exc: DBAPIError) -> CommandError:
+    reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    return CommandError(f"database error on {url.render_as_string(hide_password=True)}: {reason}")

@@ -1,0 +1,133 @@
+"""The parser of ``sa-outbox``, its ``demo`` command, and `main`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+
+from sqlalchemy.exc import DBAPIError
+
+from .. import __version__
+from .._embedded import embedded_database_url
+from .._exceptions import SaOutboxError
+from ._common import ENV_DATABASE_URL, CommandError, Handler, _engine, database_url
+from ._demo import MAX_DEMO_JOBS, format_report, run_demo
+from ._maintenance import _add_health, _add_partitions, _add_prune
+from ._relay import _add_relay
+from ._worker import _add_worker
+
+
+def _job_count(value: str) -> int:
+    try:
+        jobs = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if not 1 <= jobs <= MAX_DEMO_JOBS:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_DEMO_JOBS:,}, got {jobs}")
+    return jobs
+
+
+def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "demo",
+        help="run the job queue and the outbox end to end, then print a summary",
+        description=(
+            "Enqueue jobs and an outbox event in one transaction, work the jobs in claimed "
+            "batches with batched acknowledgements, relay the event (claim, publish to an "
+            "in-process list, mark published), and print the counts read back from the "
+            "database. Uses the schema sa_outbox_demo, which it drops and creates again."
+        ),
+    )
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help=(
+            f"PostgreSQL URL (default: ${ENV_DATABASE_URL}; without either, an embedded "
+            'PostgreSQL from pip install "sa-outbox[embedded]")'
+        ),
+    )
+    parser.add_argument(
+        "--jobs",
+        metavar="N",
+        type=_job_count,
+        default=1000,
+        help="how many jobs to enqueue and work, besides the duplicate and the bad one "
+        "(default: %(default)s)",
+    )
+    parser.set_defaults(handler=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    raw = args.database_url or os.environ.get(ENV_DATABASE_URL)
+    embedded = not raw
+    if not raw:
+        print(f"no --database-url nor ${ENV_DATABASE_URL}: starting an embedded PostgreSQL")
+        with warnings.catch_warnings():
+            # platformdirs warns on import when XDG_RUNTIME_DIR is unset; harmless here.
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
+            raw = embedded_database_url()
+    url = database_url(raw)
+    shown = url.render_as_string(hide_password=True)
+    if embedded:
+        shown = f"an embedded PostgreSQL (socket in {url.query.get('host')}, gone at exit)"
+    engine = _engine(url)
+    try:
+        report = run_demo(engine, jobs=args.jobs)
+    except DBAPIError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise CommandError(f"database error on {shown}: {reason}") from exc
+    finally:
+        engine.dispose()
+    print(format_report(report, database=shown, inspectable=not embedded))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``sa-outbox``, with one subparser per command.
+
+    Example:
+        >>> build_parser().prog
+        'sa-outbox'
+    """
+    parser = argparse.ArgumentParser(
+        prog="sa-outbox",
+        description=(
+            "A job queue and a transactional outbox in your own PostgreSQL, "
+            "through SQLAlchemy models and Alembic migrations."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, title="commands"
+    )
+    _add_demo(commands)
+    _add_worker(commands)
+    _add_relay(commands)
+    _add_prune(commands)
+    _add_health(commands)
+    _add_partitions(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``sa-outbox`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status.
+
+    ``--help``, ``--version`` and usage errors exit through `SystemExit`, as argparse does.
+
+    Example:
+        >>> main(["demo", "--database-url", "sqlite://"])
+        1
+    """
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except SaOutboxError as exc:
+        print(f"sa-outbox {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"sa-outbox {args.command}: interrupted", file=sys.stderr)
+        return 130

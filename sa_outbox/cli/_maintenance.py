@@ -1,0 +1,268 @@
+"""``sa-outbox prune``, ``health`` and ``partitions maintain``."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+
+from sqlalchemy.exc import DBAPIError
+
+from .._exceptions import SaOutboxError
+from ..maintenance._health import HealthReport, TableHealth, table_health
+from ..maintenance._partitions import DEFAULT_AHEAD, PartitionReport, maintain_partitions
+from ..maintenance._retention import Pruner, PruneReport, Retention
+from ._common import (
+    CommandError,
+    _add_database_url,
+    _add_log_level,
+    _connect,
+    _database_error,
+    _positive,
+    _setup_logging,
+    load_table,
+    parse_duration,
+)
+
+
+def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "prune",
+        help="delete finished jobs (and published events) older than a window, in batches",
+        description=(
+            "Delete succeeded jobs older than --older-than and failed jobs older than "
+            "--failed-older-than (default: the same), and with --outbox published events "
+            "older than --outbox-older-than (default: the same), --batch rows per short "
+            "transaction, until nothing is left. Pending and running jobs, unpublished and "
+            "parked events are never touched. If another pruner holds a table's lock, that "
+            "table is skipped. Durations: 7d, 12h, 30m, 90s, 2w."
+        ),
+    )
+    parser.add_argument(
+        "target", metavar="TARGET", help="the job model (or its JobApp), as module:attribute"
+    )
+    parser.add_argument(
+        "--older-than",
+        metavar="DURATION",
+        type=parse_duration,
+        required=True,
+        help="prune succeeded jobs finished longer ago than this",
+    )
+    parser.add_argument(
+        "--failed-older-than",
+        metavar="DURATION",
+        type=parse_duration,
+        help="prune failed jobs finished longer ago than this (default: --older-than)",
+    )
+    parser.add_argument("--keep-failed", action="store_true", help="never prune failed jobs")
+    parser.add_argument(
+        "--outbox", metavar="TARGET", help="also prune this outbox model's published events"
+    )
+    parser.add_argument(
+        "--outbox-older-than",
+        metavar="DURATION",
+        type=parse_duration,
+        help="prune events published longer ago than this (default: --older-than)",
+    )
+    parser.add_argument(
+        "--batch",
+        metavar="N",
+        type=_positive(int),
+        default=1000,
+        help="rows deleted per transaction (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--progress-every",
+        metavar="N",
+        type=_positive(int),
+        default=10,
+        help="print progress every N batches (default: %(default)s)",
+    )
+    _add_database_url(parser)
+    parser.set_defaults(handler=_prune)
+
+
+def _format_prune(report: PruneReport) -> str:
+    text = (
+        f"pruned {report.succeeded} succeeded and {report.failed} failed jobs, "
+        f"{report.published} published events in {report.batches} batches"
+    )
+    if report.skipped:
+        text += f"; skipped (another pruner holds the lock): {', '.join(report.skipped)}"
+    return text
+
+
+def _prune(args: argparse.Namespace) -> int:
+    jobs = load_table(args.target)
+    outbox = None if args.outbox is None else load_table(args.outbox)
+    failed = None if args.keep_failed else (args.failed_older_than or args.older_than)
+    try:
+        retention = Retention(
+            succeeded=args.older_than,
+            failed=failed,
+            published=args.outbox_older_than or args.older_than,
+            batch=args.batch,
+        )
+    except SaOutboxError as exc:
+        raise CommandError(str(exc)) from None
+
+    def progress(table: str, what: str, deleted: int, report: PruneReport) -> None:
+        if report.batches % args.progress_every == 0:
+            print(f"... {table}: {_format_prune(report)}", file=sys.stderr, flush=True)
+
+    url, engine = _connect(args)
+    try:
+        pruner = Pruner(engine, jobs=jobs, outbox=outbox, retention=retention, progress=progress)
+        print(_format_prune(pruner.run_once()))
+    except DBAPIError as exc:
+        raise _database_error(url, exc) from exc
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _add_health(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "health",
+        help="row counts, dead tuples, vacuum, sizes, oldest pending job, xmin holders",
+        description=(
+            "Report the job table's (and with --outbox the outbox's) row counts, dead "
+            "tuples, last (auto)vacuum and (auto)analyze, table and index sizes, the age of "
+            "the oldest ready pending job, and the sessions holding back the xmin horizon."
+        ),
+    )
+    parser.add_argument(
+        "target", metavar="TARGET", help="the job model (or its JobApp), as module:attribute"
+    )
+    parser.add_argument("--outbox", metavar="TARGET", help="also report this outbox model")
+    _add_database_url(parser)
+    parser.set_defaults(handler=_health)
+
+
+def _format_table(health: TableHealth) -> list[str]:
+    def when(value: dt.datetime | None) -> str:
+        return "never" if value is None else value.isoformat(timespec="seconds")
+
+    rows = ", ".join(f"{name} {n}" for name, n in health.rows.items())
+    lines = [
+        f"{health.table}: {rows}",
+        f"  live tuples {health.live_tuples}, dead tuples {health.dead_tuples}",
+        f"  last vacuum {when(health.last_vacuum)}, autovacuum {when(health.last_autovacuum)}",
+        f"  last analyze {when(health.last_analyze)}, autoanalyze {when(health.last_autoanalyze)}",
+        f"  size {health.total_bytes} bytes (table {health.table_bytes}, "
+        f"indexes {health.index_bytes})",
+    ]
+    if health.rows.keys() >= {"pending"}:
+        age = health.oldest_pending_age
+        lines.append(f"  oldest ready pending job: {'none' if age is None else age}")
+    return lines
+
+
+def _format_health(report: HealthReport) -> str:
+    lines: list[str] = []
+    for health in (report.jobs, report.outbox):
+        if health is not None:
+            lines += _format_table(health)
+    holder = report.oldest_xmin
+    if holder is None:
+        lines.append("xmin horizon: no other session holds a snapshot")
+    else:
+        lines.append(
+            f"xmin horizon held by pid {holder.pid} ({holder.state}): {holder.xmin_age} "
+            f"transactions old, transaction open for {holder.transaction_age}, "
+            f"query started {holder.query_start}"
+        )
+    return "\n".join(lines)
+
+
+def _health(args: argparse.Namespace) -> int:
+    jobs = load_table(args.target)
+    outbox = None if args.outbox is None else load_table(args.outbox)
+    url, engine = _connect(args)
+    try:
+        with engine.connect() as conn:
+            print(_format_health(table_health(conn, jobs=jobs, outbox=outbox)))
+    except DBAPIError as exc:
+        raise _database_error(url, exc) from exc
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _add_partitions(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "partitions",
+        help="maintain the partitions of a partitioned job or outbox table",
+        description="Partition maintenance (docs/partitions.md).",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, title="actions")
+    maintain = actions.add_parser(
+        "maintain",
+        help="create partitions ahead, drop finished ones past retention",
+        description=(
+            "Create the partitions of the current interval and --ahead more, moving rows the "
+            "default partition holds for them; with --retention, drop partitions whose "
+            "whole range is older than that, unless they hold a pending or running job (an "
+            "unpublished, unparked event): those are kept and listed. One maintainer at a "
+            "time per table. Durations: 7d, 12h, 30m, 90s, 2w."
+        ),
+    )
+    maintain.add_argument(
+        "--table",
+        metavar="TARGET",
+        required=True,
+        help="the partitioned job or outbox model (or JobApp), as module:attribute",
+    )
+    maintain.add_argument(
+        "--ahead",
+        metavar="N",
+        type=_positive(int),
+        default=DEFAULT_AHEAD,
+        help="partitions kept ready beyond the current one (default: %(default)s)",
+    )
+    maintain.add_argument(
+        "--retention",
+        metavar="DURATION",
+        type=parse_duration,
+        help="drop partitions older than this (default: drop none)",
+    )
+    _add_database_url(maintain)
+    _add_log_level(maintain)
+    maintain.set_defaults(handler=_maintain_partitions)
+
+
+def _format_partitions(report: PartitionReport) -> str:
+    if report.skipped:
+        return f"{report.table}: skipped, another maintainer holds the table's lock"
+
+    def names(found: list[str]) -> str:
+        return ", ".join(found) if found else "none"
+
+    created = [
+        f"{name} ({report.moved[name]} rows moved from the default partition)"
+        if name in report.moved
+        else name
+        for name in report.created
+    ]
+    lines = [
+        f"{report.table}: created {names(created)}",
+        f"  dropped {names(report.dropped)}",
+        f"  kept (unfinished work inside) {names(report.kept)}",
+    ]
+    if report.busy:
+        lines.append(f"  left for the next run (lock not granted) {names(report.busy)}")
+    return "\n".join(lines)
+
+
+def _maintain_partitions(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level)
+    table = load_table(args.table)
+    url, engine = _connect(args)
+    try:
+        report = maintain_partitions(engine, table, ahead=int(args.ahead), retention=args.retention)
+    except DBAPIError as exc:
+        raise _database_error(url, exc) from exc
+    finally:
+        engine.dispose()
+    print(_format_partitions(report))
+    return 0

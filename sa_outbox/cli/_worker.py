@@ -1,0 +1,162 @@
+"""``sa-outbox worker``: load a `JobApp` and run `Worker` or `AsyncWorker` on it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
+
+from .._exceptions import InvalidArgument
+from .._loading import load_instance
+from ..worker import AsyncWorker, JobApp, Worker
+from ._common import (
+    CommandError,
+    _add_database_url,
+    _add_log_level,
+    _engine,
+    _names,
+    _not_negative_int,
+    _positive,
+    _setup_logging,
+    _url_of,
+)
+
+
+def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "worker",
+        help="run the handlers of a JobApp until SIGTERM / SIGINT",
+        description=(
+            "Claim jobs in batches, run their handlers outside any transaction, acknowledge "
+            "them in batches (fenced by their lease tokens), heartbeat, reclaim expired "
+            "leases, wake up on NOTIFY. SIGTERM or SIGINT stops claiming, lets running jobs "
+            "finish within --grace seconds, then releases the rest; a second signal skips "
+            "the grace period."
+        ),
+    )
+    parser.add_argument("target", metavar="TARGET", help="the JobApp, as module:attribute")
+    _add_database_url(parser)
+    parser.add_argument(
+        "--queues", metavar="A,B", type=_names, help="queues to serve (default: all)"
+    )
+    parser.add_argument(
+        "--kinds", metavar="A,B", type=_names, help="job kinds to claim (default: all)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        metavar="N",
+        type=_positive(int),
+        default=10,
+        help="handlers running at once (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch",
+        metavar="N",
+        type=_positive(int),
+        help="most jobs per claim (default: 50, or --concurrency if larger)",
+    )
+    parser.add_argument(
+        "--prefetch",
+        metavar="N",
+        type=_not_negative_int,
+        help=(
+            "most claimed jobs waiting for a free handler; 0 claims only for free handlers "
+            "(default: adaptive, as many as the handlers finish in about 0.1 s)"
+        ),
+    )
+    parser.add_argument(
+        "--lease",
+        metavar="SECONDS",
+        type=_positive(float),
+        default=30.0,
+        help="lease of a claimed job, renewed by heartbeats (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--grace",
+        metavar="SECONDS",
+        type=float,
+        default=10.0,
+        help="time running jobs get to finish after SIGTERM (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        metavar="SECONDS",
+        type=_positive(float),
+        default=1.0,
+        help="claim at least this often, notifications or not (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--no-listen", dest="listen", action="store_false", help="poll only, no LISTEN"
+    )
+    parser.add_argument(
+        "--no-reclaim",
+        dest="reclaim",
+        action="store_false",
+        help="leave expired leases to a separate reclaimer",
+    )
+    parser.add_argument("--worker-id", metavar="ID", help="default: host:pid:random")
+    _add_log_level(parser)
+    parser.set_defaults(handler=_worker)
+
+
+def load_target(target: str) -> JobApp:
+    """The `JobApp` at ``module:attribute`` (the current directory is importable).
+
+    The attribute may be a dotted path, or a function of no arguments returning the app.
+
+    Example:
+        >>> load_target("json:dumps")
+        Traceback (most recent call last):
+        ...
+        sa_outbox.cli.CommandError: json:dumps is not a JobApp (nor a function returning one)
+    """
+    try:
+        app: JobApp = load_instance(target, JobApp, "a JobApp", example="myapp.tasks:app")
+    except InvalidArgument as exc:
+        raise CommandError(str(exc)) from None
+    return app
+
+
+def _worker(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level)
+    app = load_target(args.target)
+    url = _url_of(args)
+    options = dict(
+        queues=args.queues,
+        kinds=args.kinds,
+        concurrency=args.concurrency,
+        batch=args.batch,
+        prefetch=args.prefetch,
+        lease=args.lease,
+        grace=args.grace,
+        poll_interval=args.poll_interval,
+        listen=args.listen,
+        reclaim=args.reclaim,
+        worker_id=args.worker_id,
+    )
+    try:
+        if any(app[kind].is_async for kind in app.kinds):
+            asyncio.run(_run_async(app, url, options))
+        else:
+            engine = _engine(url)
+            try:
+                Worker(app, engine, **options).run()
+            finally:
+                engine.dispose()
+    except DBAPIError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        shown = url.render_as_string(hide_password=True)
+        raise CommandError(f"database error on {shown}: {reason}") from exc
+    return 0
+
+
+async def _run_async(app: JobApp, url: URL, options: dict[str, object]) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(url)
+    try:
+        await AsyncWorker(app, engine, **options).run()  # type: ignore[arg-type]
+    finally:
+        await engine.dispose()

@@ -1,0 +1,67 @@
+"""Layer 1, schema: the job and outbox tables, as mixins for the user's own declarative base.
+
+May import: the foundation modules at the package root (``sa_outbox._exceptions``,
+``_validation``, ``_clock``, …) and SQLAlchemy. Nothing above it: the statement builder,
+executors and runtimes all import this layer, never the other way round.
+
+The tables follow the article's schema (sections 4 and 5) with two additions: a ``queue``
+column on jobs, and a monotonic ``seq`` column on the outbox, so events added by one
+transaction keep the order they were added in (random UUIDs and ``now()`` do not order).
+
+Plain declarative bases (``DeclarativeBase``, ``DeclarativeBaseNoMeta``, Flask-SQLAlchemy's
+``db.Model``) take `JobMixin` / `OutboxMixin`; ``MappedAsDataclass`` bases take
+`JobDataclassMixin` / `OutboxDataclassMixin`, which declare the same columns as dataclass
+fields. Table names are the user's (``__tablename__``); a schema is set with
+``__table_schema__`` or the metadata's own ``schema``. Index names derive from the table
+name: ``{table}_ready_idx``, ``{table}_dedup_idx``, …
+
+What lives here:
+
+- ``_status``: the ``job_status`` enum; ``_columns``: columns and indexes; ``_mixins``: the
+  mixins and `resolve_table`;
+- the DDL that ``create_all`` and the Alembic operations share: ``_notify_trigger``,
+  ``_outbox_triggers``, ``_partition_ddl``, ``_storage``;
+- ``_event_types``: what makes a subclass of an outbox model a domain event class.
+
+Example:
+    >>> from sqlalchemy.orm import DeclarativeBase
+    >>> class Base(DeclarativeBase):
+    ...     pass
+    >>> class Job(JobMixin, Base):
+    ...     __tablename__ = "jobs"
+    >>> class OutboxEvent(OutboxMixin, Base):
+    ...     __tablename__ = "outbox"
+    >>> sorted(index.name for index in Job.__table__.indexes)
+    ['jobs_dedup_idx', 'jobs_expired_lease_idx', 'jobs_ready_idx', 'jobs_retention_idx']
+"""
+
+from ._columns import job_table_args, outbox_table_args
+from ._mixins import (
+    JobDataclassMixin,
+    JobMixin,
+    OutboxDataclassMixin,
+    OutboxMixin,
+    resolve_table,
+)
+from ._partition_ddl import PARTITION_INFO_KEY, PARTITION_INTERVALS
+from ._status import JOB_STATUS_TYPE_NAME, TABLE_KIND_INFO_KEY, JobStatus, job_status_enum
+from ._storage import RECOMMENDED_JOB_STORAGE, RECOMMENDED_OUTBOX_STORAGE, STORAGE_INFO_KEY
+
+__all__ = [
+    "JOB_STATUS_TYPE_NAME",
+    "PARTITION_INFO_KEY",
+    "PARTITION_INTERVALS",
+    "RECOMMENDED_JOB_STORAGE",
+    "RECOMMENDED_OUTBOX_STORAGE",
+    "STORAGE_INFO_KEY",
+    "TABLE_KIND_INFO_KEY",
+    "JobDataclassMixin",
+    "JobMixin",
+    "JobStatus",
+    "OutboxDataclassMixin",
+    "OutboxMixin",
+    "job_status_enum",
+    "job_table_args",
+    "outbox_table_args",
+    "resolve_table",
+]

@@ -1,0 +1,251 @@
+"""The job and outbox tables' columns and indexes (article, sections 3, 4 and 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    Text,
+    Uuid,
+    column,
+    desc,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import mapped_column
+
+from .._validation import MAX_IDENTIFIER_LENGTH, identifier, optional_identifier
+from ._partition_ddl import (
+    PARTITION_INFO_KEY,
+    TableSetup,
+    check_partition_interval,
+)
+from ._status import TABLE_KIND_INFO_KEY, JobStatus, job_status_enum
+from ._storage import (
+    STORAGE_INFO_KEY,
+    check_storage,
+)
+
+_now = text("now()")
+
+
+# One spec per column: (SQLAlchemy type factory, column kwargs, dataclass kwargs).
+# Plain mixins take the column kwargs; dataclass mixins add the dataclass kwargs.
+_Spec = tuple[Callable[[], Any], dict[str, Any], dict[str, Any]]
+
+
+_NO_INIT: dict[str, Any] = {"init": False}
+
+
+_JOB_COLUMNS: dict[str, _Spec] = {
+    "id": (
+        lambda: Uuid(),
+        {"primary_key": True, "server_default": text("gen_random_uuid()")},
+        {"init": False, "default": None},
+    ),
+    "kind": (Text, {}, {}),
+    "payload": (JSONB, {}, {}),
+    "queue": (Text, {"server_default": text("'default'")}, {"default": "default"}),
+    "status": (
+        job_status_enum,
+        {"server_default": text("'pending'")},
+        {"default": JobStatus.PENDING},
+    ),
+    "priority": (Integer, {"server_default": text("0")}, {"default": 0}),
+    "run_at": (lambda: DateTime(timezone=True), {"server_default": _now}, {"default": None}),
+    "attempts": (Integer, {"server_default": text("0")}, {"default": 0}),
+    "max_attempts": (Integer, {"server_default": text("8")}, {"default": 8}),
+    "lease_until": (lambda: DateTime(timezone=True), {}, {"default": None}),
+    "lease_token": (lambda: Uuid(), {}, {"default": None}),
+    "worker_id": (Text, {}, {"default": None}),
+    "deduplication_key": (Text, {}, {"default": None}),
+    "last_error": (Text, {}, {"default": None}),
+    "created_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
+    "updated_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
+}
+
+
+_OUTBOX_COLUMNS: dict[str, _Spec] = {
+    "id": (
+        lambda: Uuid(),
+        {"primary_key": True, "server_default": text("gen_random_uuid()")},
+        {"init": False, "default": None},
+    ),
+    "seq": (
+        BigInteger,
+        {"__identity__": True},
+        _NO_INIT,
+    ),
+    "aggregate_type": (Text, {}, {}),
+    "aggregate_id": (Text, {}, {}),
+    "event_type": (Text, {}, {}),
+    "payload": (JSONB, {}, {}),
+    "headers": (JSONB, {"server_default": text("'{}'::jsonb")}, {"default": None}),
+    "attempts": (Integer, {"server_default": text("0")}, {"default": 0}),
+    "relay_until": (lambda: DateTime(timezone=True), {}, {"default": None}),
+    "relay_token": (lambda: Uuid(), {}, {"default": None}),
+    "published_at": (lambda: DateTime(timezone=True), {}, {"default": None}),
+    "parked_at": (lambda: DateTime(timezone=True), {}, {"default": None}),
+    "last_error": (Text, {}, {"default": None}),
+    "created_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
+}
+
+
+def _column(specs: dict[str, _Spec], name: str, *, dataclass: bool = False) -> Any:
+    type_factory, kwargs, dc_kwargs = specs[name]
+    args: list[Any] = [type_factory()]
+    options = dict(kwargs)
+    if options.pop("__identity__", False):
+        args.append(Identity(always=False))
+    options.setdefault("nullable", name in _NULLABLE)
+    if dataclass:
+        options.update(dc_kwargs)
+    return mapped_column(*args, **options)
+
+
+_NULLABLE = frozenset(
+    {
+        "lease_until",
+        "lease_token",
+        "worker_id",
+        "deduplication_key",
+        "last_error",
+        "relay_until",
+        "relay_token",
+        "published_at",
+        "parked_at",
+    }
+)
+
+
+def _table_name(cls: Any) -> str:
+    name = cls.__dict__.get("__tablename__") or getattr(cls, "__tablename__", None)
+    return identifier(name, f"__tablename__ of {cls.__name__}")
+
+
+def _schema_args(cls: Any) -> dict[str, Any]:
+    schema = optional_identifier(getattr(cls, "__table_schema__", None), "__table_schema__")
+    return {} if schema is None else {"schema": schema}
+
+
+def _table_options(
+    cls: Any, kind: str, recommended: Mapping[str, int | float | bool]
+) -> tuple[TableSetup, dict[str, Any]]:
+    """The `TableSetup` item and the ``Table`` keyword arguments of a mixin's table."""
+    interval = check_partition_interval(
+        getattr(cls, "__partition_interval__", None), f"__partition_interval__ of {cls.__name__}"
+    )
+    storage = check_storage(
+        getattr(cls, "__table_storage__", recommended), f"__table_storage__ of {cls.__name__}"
+    )
+    info: dict[str, Any] = {TABLE_KIND_INFO_KEY: kind, STORAGE_INFO_KEY: storage}
+    options: dict[str, Any] = {**_schema_args(cls), "info": info}
+    if interval is not None:
+        info[PARTITION_INFO_KEY] = interval
+        options["postgresql_partition_by"] = "RANGE (created_at)"
+    return TableSetup(kind, interval, storage), options
+
+
+def _inherits_a_table(cls: Any) -> bool:
+    """Whether a base of ``cls`` is already mapped to a table (``cls`` adds none of its own)."""
+    return any("__table__" in base.__dict__ for base in cls.__mro__[1:])
+
+
+def _index_name(table: str, suffix: str) -> str:
+    name = f"{table}_{suffix}"
+    if len(name) > MAX_IDENTIFIER_LENGTH:
+        identifier(name, f"index name derived from table {table!r}")
+    return name
+
+
+def job_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index, ...]:
+    """The indexes of a job table named ``table_name`` (article, sections 3 and 4).
+
+    ``{t}_ready_idx`` serves the claim (``queue = … ORDER BY priority DESC, run_at, id``),
+    ``{t}_dedup_idx`` makes ``(kind, deduplication_key)`` unique where a key is set,
+    ``{t}_expired_lease_idx`` serves the reclaimer, ``{t}_retention_idx`` the pruner.
+    On a ``partitioned`` table a unique index must hold ``created_at``, which would make
+    the key unique per partition only: there ``{t}_dedup_idx`` is a plain index, which the
+    table's dedup trigger searches (see ``sa_outbox.schema._partition_ddl``).
+
+    Example:
+        >>> [i.name for i in job_table_args("jobs")]
+        ['jobs_ready_idx', 'jobs_dedup_idx', 'jobs_expired_lease_idx', 'jobs_retention_idx']
+    """
+    t = identifier(table_name, "job table name")
+    return (
+        Index(
+            _index_name(t, "ready_idx"),
+            "queue",
+            desc(column("priority")),
+            "run_at",
+            "id",
+            postgresql_where=text("status = 'pending'"),
+        ),
+        Index(
+            _index_name(t, "dedup_idx"),
+            "kind",
+            "deduplication_key",
+            unique=not partitioned,
+            postgresql_where=text("deduplication_key IS NOT NULL"),
+        ),
+        Index(
+            _index_name(t, "expired_lease_idx"),
+            "lease_until",
+            postgresql_where=text("status = 'running'"),
+        ),
+        Index(_index_name(t, "retention_idx"), "status", "updated_at"),
+    )
+
+
+def outbox_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index, ...]:
+    """The indexes of an outbox table named ``table_name`` (article, section 5).
+
+    ``{t}_seq_key`` keeps ``seq`` unique (on a ``partitioned`` table ``(seq, created_at)``,
+    as a unique index there must hold the partition key; ``seq`` comes from one sequence).
+    ``{t}_ready_idx`` holds only the rows a relay may claim (unpublished and not parked), in
+    ``seq`` order: the claim's predicate.
+    ``{t}_aggregate_idx`` holds the unpublished rows by aggregate and ``seq``: the claim asks
+    it whether an earlier event of the same aggregate is still unpublished, and takes the
+    following events of an aggregate from it. ``{t}_parked_idx`` lists parked events;
+    ``{t}_retention_idx`` serves pruning.
+
+    Example:
+        >>> [i.name for i in outbox_table_args("outbox")]  # doctest: +NORMALIZE_WHITESPACE
+        ['outbox_seq_key', 'outbox_ready_idx', 'outbox_aggregate_idx', 'outbox_parked_idx',
+         'outbox_retention_idx']
+    """
+    t = identifier(table_name, "outbox table name")
+    return (
+        Index(
+            _index_name(t, "seq_key"), "seq", *(["created_at"] if partitioned else []), unique=True
+        ),
+        Index(
+            _index_name(t, "ready_idx"),
+            "seq",
+            postgresql_where=text("published_at IS NULL AND parked_at IS NULL"),
+        ),
+        Index(
+            _index_name(t, "aggregate_idx"),
+            "aggregate_type",
+            "aggregate_id",
+            "seq",
+            postgresql_where=text("published_at IS NULL"),
+        ),
+        Index(
+            _index_name(t, "parked_idx"),
+            "parked_at",
+            postgresql_where=text("parked_at IS NOT NULL"),
+        ),
+        Index(
+            _index_name(t, "retention_idx"),
+            "published_at",
+            postgresql_where=text("published_at IS NOT NULL"),
+        ),
+    )

@@ -1,0 +1,59 @@
+"""The ``job_status`` enum: `JobStatus` and its SQLAlchemy type, in the table's schema."""
+
+from __future__ import annotations
+
+import enum
+
+from sqlalchemy import (
+    Enum,
+    Table,
+    event,
+)
+
+#: Name of the PostgreSQL enum type of ``jobs.status`` (created in the table's schema).
+JOB_STATUS_TYPE_NAME = "job_status"
+
+
+#: Key of ``Table.info`` where the mixins record what a table is: ``"job"`` or ``"outbox"``
+#: (``alembic_ext`` reads it to render its own operations for these tables).
+TABLE_KIND_INFO_KEY = "sa_outbox"
+
+
+class JobStatus(enum.StrEnum):
+    """The four states of a job.
+
+    Example:
+        >>> JobStatus("running") is JobStatus.RUNNING
+        True
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+def job_status_enum(*, create_type: bool = True) -> Enum:
+    """The ``job_status`` column type; it takes the schema of the table it is attached to.
+
+    Example:
+        >>> job_status_enum().enums
+        ['pending', 'running', 'succeeded', 'failed']
+    """
+    return Enum(
+        JobStatus,
+        name=JOB_STATUS_TYPE_NAME,
+        values_callable=lambda members: [m.value for m in members],
+        validate_strings=True,
+        create_constraint=False,
+        **({} if create_type else {"create_type": False}),
+    )
+
+
+@event.listens_for(Table, "after_parent_attach")
+def _enum_follows_table_schema(table: Table, _metadata: object) -> None:
+    # The job_status type lives in its table's schema, on SQLAlchemy 2.0 and 2.1 alike
+    # (2.1 deprecates inherit_schema and would take the metadata's schema instead).
+    for col in table.columns:
+        if isinstance(col.type, Enum) and col.type.enum_class is JobStatus:
+            col.type.schema = table.schema

@@ -1,0 +1,334 @@
+"""Statements that settle jobs otherwise: retry, fail, release, reclaim, requeue, prune
+(article, sections 7 and 8), and the counts by status.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Delete,
+    Select,
+    Text,
+    Update,
+    bindparam,
+    case,
+    cast,
+    delete,
+    func,
+    literal,
+    literal_column,
+    select,
+    update,
+)
+
+from .._backoff import Backoff
+from .._clock import Clock
+from .._exceptions import InvalidArgument
+from .._validation import count, duration, name_filter
+from ..schema import JobStatus
+from ._common import (
+    as_uuid,
+    id_token_pairs,
+    in_names,
+    interval,
+    now_of,
+    table_of,
+    unnest_pairs,
+    uuid_array,
+)
+from ._job_claim import _RELEASED, _running
+from ._job_defaults import _FINISHED, DEFAULT_BACKOFF
+
+
+def retry_job(
+    target: object,
+    job_id: object,
+    token: object,
+    *,
+    error: str | None = None,
+    delay: dt.timedelta | float | None = None,
+    backoff: Backoff = DEFAULT_BACKOFF,
+    clock: Clock | None = None,
+) -> Update:
+    """Send a failed attempt back to ``pending`` after a delay, or to ``failed`` at max_attempts.
+
+    The delay is ``delay`` when given, else ``backoff`` computed in SQL from the row's own
+    ``attempts`` (the formula the reclaimer uses). Fenced by status and token; returns
+    ``id, status, run_at``.
+
+    Example:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "CASE WHEN" in str(retry_job(Job, uuid.uuid4(), uuid.uuid4(), error="timeout"))
+        True
+    """
+    t = table_of(target)
+    now = now_of(clock)
+    wait = (
+        backoff.sql_delay(t.c.attempts)
+        if delay is None
+        else interval(duration(delay, "delay", allow_zero=True))
+    )
+    exhausted = t.c.attempts >= t.c.max_attempts
+    return (
+        update(t)
+        .where(*_running(t, job_id, token))
+        .values(
+            status=_failed_if(exhausted, t),
+            run_at=case((exhausted, t.c.run_at), else_=now + wait),
+            last_error=_error_text(error),
+            updated_at=now,
+            **_RELEASED,
+        )
+        .returning(t.c.id, t.c.status, t.c.run_at)
+    )
+
+
+def fail_job(
+    target: object,
+    job_id: object,
+    token: object,
+    *,
+    error: str | None = None,
+    clock: Clock | None = None,
+) -> Update:
+    """Mark a job ``failed`` at once (a permanent error), fenced by status and token.
+
+    Example:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "last_error" in str(fail_job(Job, uuid.uuid4(), uuid.uuid4(), error="bad payload"))
+        True
+    """
+    t = table_of(target)
+    now = now_of(clock)
+    return (
+        update(t)
+        .where(*_running(t, job_id, token))
+        .values(status=JobStatus.FAILED, last_error=_error_text(error), updated_at=now, **_RELEASED)
+        .returning(t.c.id)
+    )
+
+
+def release_jobs(
+    target: object, pairs: Iterable[tuple[object, object]], *, clock: Clock | None = None
+) -> Update:
+    """Give claimed jobs back to ``pending`` without counting their attempt (a graceful stop).
+
+    For many (id, token) pairs in one ``UPDATE … FROM unnest(…)``, fenced like a completion:
+    only rows still ``running`` under their token change. ``attempts`` goes back down by the
+    one the claim added, ``run_at`` is kept (the job keeps its place in line) and the lease is
+    cleared, so the next worker takes the job at once and ``max_attempts`` still counts
+    only real attempts. Returns ``id, token, queue`` of the pairs released.
+
+    Example:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> sql = str(release_jobs(Job, [(uuid.uuid4(), uuid.uuid4())]))
+        >>> "attempts=greatest(jobs.attempts - :attempts_1, :greatest_1)" in sql
+        True
+    """
+    ids, tokens = id_token_pairs(pairs, "release pairs")
+    t = table_of(target)
+    now = now_of(clock)
+    held = unnest_pairs(ids, tokens, "held")
+    return (
+        update(t)
+        .where(
+            t.c.id == held.c.id,
+            t.c.lease_token == held.c.token,
+            t.c.status == JobStatus.RUNNING,
+        )
+        .values(
+            status=JobStatus.PENDING,
+            attempts=func.greatest(t.c.attempts - 1, 0),
+            updated_at=now,
+            **_RELEASED,
+        )
+        .returning(t.c.id, held.c.token, t.c.queue)
+    )
+
+
+def _failed_if(exhausted: Any, t: Any) -> Any:
+    """``CASE WHEN exhausted THEN 'failed' ELSE 'pending' END``, typed as the status enum."""
+    return case(
+        (exhausted, cast(literal(JobStatus.FAILED.value), t.c.status.type)),
+        else_=cast(literal(JobStatus.PENDING.value), t.c.status.type),
+    )
+
+
+def _error_text(error: object) -> Any:
+    if error is None:
+        return None
+    if not isinstance(error, str):
+        error = str(error)
+    return bindparam(None, error, type_=Text)
+
+
+def reclaim_expired_jobs(
+    target: object,
+    *,
+    backoff: Backoff = DEFAULT_BACKOFF,
+    limit: int = 1000,
+    clock: Clock | None = None,
+) -> Update:
+    """Return expired leases to ``pending`` with backoff, or to ``failed`` at max_attempts.
+
+    A job whose worker died (or stalled past its lease) comes back after the same delay a
+    retry would give it, so a job that kills every worker that takes it cannot loop hot; at
+    ``max_attempts`` it ends ``failed`` with the reason in ``last_error``. Takes at most
+    ``limit`` rows, skipping rows locked by a concurrent completion. Returns
+    ``id, status, worker_id, attempts`` of each reclaimed job.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "lease_until <" in str(reclaim_expired_jobs(Job))
+        True
+    """
+    size = count(limit, "limit")
+    t = table_of(target)
+    now = now_of(clock)
+    # 'running' inline, as the claim's 'pending': a generic plan of the prepared statement
+    # can then use the partial expired-lease index (WHERE status = 'running').
+    running = literal_column(f"'{JobStatus.RUNNING.value}'", t.c.status.type)
+    expired = (
+        select(t.c.id, t.c.worker_id)
+        .where(t.c.status == running, t.c.lease_until < now)
+        .order_by(t.c.lease_until)
+        .limit(size)
+        .with_for_update(skip_locked=True)
+        .cte("expired")
+    )
+    exhausted = t.c.attempts >= t.c.max_attempts
+    reason = func.concat(
+        "lease expired at ", t.c.lease_until, " while held by worker ", t.c.worker_id
+    )
+    return (
+        update(t)
+        .where(t.c.id == expired.c.id)
+        .values(
+            status=_failed_if(exhausted, t),
+            run_at=case((exhausted, t.c.run_at), else_=now + backoff.sql_delay(t.c.attempts)),
+            last_error=reason,
+            updated_at=now,
+            **_RELEASED,
+        )
+        .returning(t.c.id, t.c.status, expired.c.worker_id, t.c.attempts)
+    )
+
+
+def requeue_failed_jobs(
+    target: object,
+    *,
+    ids: Sequence[object] | None = None,
+    kinds: str | Sequence[str] | None = None,
+    queues: str | Sequence[str] | None = None,
+    reset_attempts: bool = True,
+    clock: Clock | None = None,
+) -> Update:
+    """Send ``failed`` jobs back to ``pending`` now, by hand (article, section 7).
+
+    Filters combine with AND; with none, every failed job is requeued. ``last_error`` is
+    kept for the record; ``attempts`` restarts at 0 unless ``reset_attempts=False``.
+    Returns the ids requeued.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "status = :status_1" in str(requeue_failed_jobs(Job, kinds="send-email"))
+        True
+    """
+    kind_names = name_filter(kinds, "kinds")
+    queue_names = name_filter(queues, "queues")
+    t = table_of(target)
+    now = now_of(clock)
+    stmt = update(t).where(t.c.status == JobStatus.FAILED)
+    if ids is not None:
+        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+            raise InvalidArgument("ids must be a sequence of job ids")
+        stmt = stmt.where(t.c.id == func.any(uuid_array([as_uuid(i, "job id") for i in ids])))
+    if kind_names is not None:
+        stmt = stmt.where(in_names(t.c.kind, kind_names))
+    if queue_names is not None:
+        stmt = stmt.where(in_names(t.c.queue, queue_names))
+    values: dict[str, Any] = {"status": JobStatus.PENDING, "run_at": now, "updated_at": now}
+    if reset_attempts:
+        values["attempts"] = 0
+    return stmt.values(**values).returning(t.c.id)
+
+
+def prune_jobs(
+    target: object,
+    *,
+    older_than: dt.timedelta | float,
+    statuses: Iterable[JobStatus | str] = (JobStatus.SUCCEEDED, JobStatus.FAILED),
+    batch: int = 1000,
+    clock: Clock | None = None,
+) -> Delete:
+    """Delete one batch of finished jobs last updated more than ``older_than`` ago.
+
+    Only ``succeeded`` and ``failed`` may be pruned. Rows are picked with ``FOR UPDATE SKIP
+    LOCKED`` so a prune never waits on (or holds up) the queue; run it until it deletes
+    fewer than ``batch`` rows.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "DELETE FROM jobs" in str(prune_jobs(Job, older_than=7 * 86400))
+        True
+    """
+    window = duration(older_than, "older_than", allow_zero=True)
+    size = count(batch, "batch")
+    wanted = []
+    for status in statuses:
+        try:
+            wanted.append(JobStatus(status))
+        except ValueError:
+            raise InvalidArgument(f"unknown job status {status!r}") from None
+    if not wanted or not set(wanted) <= _FINISHED:
+        raise InvalidArgument(
+            f"only finished jobs (succeeded, failed) can be pruned, got {[str(s) for s in wanted]}"
+        )
+    t = table_of(target)
+    now = now_of(clock)
+    doomed = (
+        select(t.c.id)
+        .where(t.c.status.in_(sorted(set(wanted))), t.c.updated_at < now - interval(window))
+        .limit(size)
+        .with_for_update(skip_locked=True)
+    )
+    return delete(t).where(t.c.id.in_(doomed.scalar_subquery()))
+
+
+def count_jobs_by_status(target: object) -> Select[tuple[JobStatus, int]]:
+    """``SELECT status, count(*) … GROUP BY status``.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "GROUP BY" in str(count_jobs_by_status(Job))
+        True
+    """
+    t = table_of(target)
+    return select(t.c.status, func.count()).group_by(t.c.status)
