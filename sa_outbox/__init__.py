@@ -69,13 +69,7 @@ from .relay import (
     Relay,
     RelayReport,
 )
-from .schema import (
-    JobDataclassMixin,
-    JobMixin,
-    JobStatus,
-    OutboxDataclassMixin,
-    OutboxMixin,
-)
+from .schema import JobDataclassMixin, JobMixin, JobStatus, OutboxDataclassMixin, OutboxMixin
 from .statements import NewJob
 from .worker import (
     AsyncReclaimer,

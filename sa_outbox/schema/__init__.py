@@ -36,13 +36,7 @@ Example:
 """
 
 from ._columns import job_table_args, outbox_table_args
-from ._mixins import (
-    JobDataclassMixin,
-    JobMixin,
-    OutboxDataclassMixin,
-    OutboxMixin,
-    resolve_table,
-)
+from ._mixins import JobDataclassMixin, JobMixin, OutboxDataclassMixin, OutboxMixin, resolve_table
 from ._partition_ddl import PARTITION_INFO_KEY, PARTITION_INTERVALS
 from ._status import JOB_STATUS_TYPE_NAME, TABLE_KIND_INFO_KEY, JobStatus, job_status_enum
 from ._storage import RECOMMENDED_JOB_STORAGE, RECOMMENDED_OUTBOX_STORAGE, STORAGE_INFO_KEY

@@ -21,16 +21,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import mapped_column
 
 from .._validation import MAX_IDENTIFIER_LENGTH, identifier, optional_identifier
-from ._partition_ddl import (
-    PARTITION_INFO_KEY,
-    TableSetup,
-    check_partition_interval,
-)
+from ._partition_ddl import PARTITION_INFO_KEY, TableSetup, check_partition_interval
 from ._status import TABLE_KIND_INFO_KEY, JobStatus, job_status_enum
-from ._storage import (
-    STORAGE_INFO_KEY,
-    check_storage,
-)
+from ._storage import STORAGE_INFO_KEY, check_storage
 
 _now = text("now()")
 

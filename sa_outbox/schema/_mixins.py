@@ -29,10 +29,7 @@ from ._event_types import prepare_event_class
 from ._notify_trigger import NotifyTrigger
 from ._outbox_triggers import OutboxTriggers
 from ._status import JobStatus
-from ._storage import (
-    RECOMMENDED_JOB_STORAGE,
-    RECOMMENDED_OUTBOX_STORAGE,
-)
+from ._storage import RECOMMENDED_JOB_STORAGE, RECOMMENDED_OUTBOX_STORAGE
 
 _C = TypeVar("_C")
 

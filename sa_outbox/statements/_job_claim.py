@@ -23,15 +23,7 @@ from sqlalchemy import (
 from .._clock import Clock
 from .._validation import count, duration, name_filter, text
 from ..schema import JobStatus
-from ._common import (
-    as_uuid,
-    id_token_pairs,
-    in_names,
-    interval,
-    now_of,
-    table_of,
-    unnest_pairs,
-)
+from ._common import as_uuid, id_token_pairs, in_names, interval, now_of, table_of, unnest_pairs
 from ._job_defaults import DEFAULT_LEASE
 
 

@@ -33,15 +33,7 @@ from .._json import compact_json, prebuilt_encoder
 from .._validation import aware_datetime, count, duration, optional_text, text
 from ..schema import JobStatus
 from ..schema._partition_ddl import partition_interval_of
-from ._common import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    Dumps,
-    interval,
-    jsonb,
-    now_of,
-    serialise,
-    table_of,
-)
+from ._common import DEFAULT_MAX_PAYLOAD_BYTES, Dumps, interval, jsonb, now_of, serialise, table_of
 from ._job_defaults import _MAX_INT, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
 

@@ -18,9 +18,7 @@ from .._exceptions import InvalidArgument
 from .._json import compact_json
 from .._validation import name_filter, text
 from ..schema._notify_trigger import MAX_CHANNEL_BYTES
-from ._common import (
-    table_of,
-)
+from ._common import table_of
 
 _PREPARER = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]
 

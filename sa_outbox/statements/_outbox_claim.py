@@ -25,11 +25,7 @@ from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import InvalidArgumentType
 from .._validation import count, duration
-from ._common import (
-    interval,
-    now_of,
-    table_of,
-)
+from ._common import interval, now_of, table_of
 
 DEFAULT_RELAY_LEASE = dt.timedelta(seconds=30)
 

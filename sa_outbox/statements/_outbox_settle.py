@@ -30,15 +30,7 @@ from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import count, duration, text
-from ._common import (
-    as_uuid,
-    id_token_pairs,
-    interval,
-    now_of,
-    table_of,
-    unnest_pairs,
-    uuid_array,
-)
+from ._common import as_uuid, id_token_pairs, interval, now_of, table_of, unnest_pairs, uuid_array
 from ._outbox_claim import DEFAULT_RELAY_BACKOFF
 
 

@@ -15,7 +15,7 @@ from typing import TypeVar
 import tenacity
 from tenacity.wait import wait_base
 
-from ._core import is_transient
+from ._settings import is_transient
 
 log = logging.getLogger("sa_outbox.worker")
 T = TypeVar("T")

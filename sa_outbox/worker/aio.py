@@ -24,9 +24,10 @@ from ..maintenance._vacuum import DEFAULT_VACUUM, AsyncVacuumer, VacuumPolicy, V
 from ..queue._executors import Op, _adrive, _JobOps
 from ..queue._results import BatchResult, ReclaimedJob
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
-from ._core import Core, Entry, Result, Written, jittered, make_settings
+from ._core import Core, Entry, Result, Written
 from ._direct import AsyncHeldConnection, can_hold
 from ._retry import async_call_retrying
+from ._settings import jittered, make_settings
 from ._threads import DaemonPool
 from .context import JobContext
 from .listen import AsyncListener

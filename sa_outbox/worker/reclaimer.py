@@ -32,8 +32,8 @@ from ..queue._job_queue import AsyncJobQueue, JobQueue
 from ..queue._results import ReclaimedJob
 from ..schema import JobStatus
 from ..statements import DEFAULT_BACKOFF
-from ._core import check_engine, jittered
 from ._retry import async_retrying, retrying
+from ._settings import check_engine, jittered
 from .metrics import WorkerMetrics
 from .registry import JobApp
 

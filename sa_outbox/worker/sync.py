@@ -27,9 +27,10 @@ from ..maintenance._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, Vacuum
 from ..queue._executors import Op, _drive, _JobOps
 from ..queue._results import BatchResult, ReclaimedJob
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
-from ._core import Core, Entry, Result, Written, check_engine, jittered, make_settings
+from ._core import Core, Entry, Result, Written
 from ._direct import HeldConnection, can_hold
 from ._retry import call_retrying
+from ._settings import check_engine, jittered, make_settings
 from ._threads import DaemonPool
 from .listen import Listener
 from .metrics import WorkerMetrics
