@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import signal
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._clock import Clock
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from ..maintenance._retention import AsyncPruner, PruneReport, Retention
-from ..maintenance._vacuum import DEFAULT_VACUUM, AsyncVacuumer, VacuumPolicy, VacuumReport
-from ..queue._executors import Op, _adrive, _JobOps
+from ..maintenance._vacuum import AsyncVacuumer, VacuumPolicy, VacuumReport
+from ..queue._executors import Op, _adrive
 from ..queue._results import BatchResult, ReclaimedJob
-from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
-from ._core import Core, Entry, Result, Written
+from ._core import Entry, Result, Written
 from ._direct import AsyncHeldConnection, can_hold
+from ._driver import Chore, DriverBase, KeeperPlan
 from ._retry import async_call_retrying
-from ._settings import jittered, make_settings
 from ._threads import DaemonPool
 from .context import JobContext
 from .listen import AsyncListener
@@ -44,7 +41,7 @@ log = logging.getLogger("sa_outbox.worker")
 T = TypeVar("T")
 
 
-class AsyncWorker:
+class AsyncWorker(DriverBase["AsyncEngine"]):
     """`Worker` for asyncio: the same options, behaviour and step-by-step methods, awaited.
 
     ``async def`` handlers run as tasks of the worker's loop; a timeout cancels the task
@@ -57,75 +54,28 @@ class AsyncWorker:
         await worker.run()
     """
 
-    def __init__(
-        self,
-        app: JobApp,
-        engine: AsyncEngine,
-        *,
-        queues: str | Sequence[str] | None = None,
-        kinds: str | Sequence[str] | None = None,
-        concurrency: int = 10,
-        batch: int | None = None,
-        prefetch: int | None = None,
-        lease: dt.timedelta | float = DEFAULT_LEASE,
-        heartbeat_interval: dt.timedelta | float | None = None,
-        poll_interval: dt.timedelta | float = 1.0,
-        listen: bool = True,
-        ack_delay: dt.timedelta | float = 0.005,
-        ack_batch: int | None = None,
-        grace: dt.timedelta | float = 10.0,
-        reclaim: bool = True,
-        reclaim_interval: dt.timedelta | float | None = None,
-        retention: Retention | None = None,
-        vacuum: VacuumPolicy | None = DEFAULT_VACUUM,
-        worker_id: str | None = None,
-        metrics: WorkerMetrics | None = None,
-        clock: Clock | None = None,
-        timer: Callable[[], float] = time.monotonic,
-        install_signal_handlers: bool = True,
-        max_error_chars: int = 4000,
-    ) -> None:
-        if not isinstance(app, JobApp):
-            raise InvalidArgumentType(f"AsyncWorker needs a JobApp, got {type(app).__name__}")
+    name = "AsyncWorker"
+
+    def _check(self, app: JobApp, engine: AsyncEngine) -> None:
         if not hasattr(engine, "sync_engine"):
             raise InvalidArgumentType(
                 "AsyncWorker needs an AsyncEngine (create_async_engine), "
                 f"got {type(engine).__name__}"
             )
-        self.app = app
-        self.engine = engine
+
+    def _setup(
+        self,
+        *,
+        clock: Clock | None,
+        metrics: WorkerMetrics | None,
+        retention: Retention | None,
+        vacuum: VacuumPolicy | None,
+    ) -> None:
+        engine, timer = self.engine, self.timer
         # The loop's connection: kept by `run` between batches, by a step for its duration.
         self._held = AsyncHeldConnection(engine)
-        self._hold = False
-        self.settings = make_settings(
-            worker_id=worker_id,
-            queues=queues,
-            kinds=kinds,
-            concurrency=concurrency,
-            batch=batch,
-            prefetch=prefetch,
-            lease=lease,
-            heartbeat_interval=heartbeat_interval,
-            poll_interval=poll_interval,
-            listen=listen,
-            ack_delay=ack_delay,
-            ack_batch=ack_batch,
-            grace=grace,
-            reclaim=reclaim,
-            reclaim_interval=reclaim_interval,
-            max_error_chars=max_error_chars,
-        )
-        ops = _JobOps(
-            app.model,
-            clock=clock,
-            backoff=app.backoff,
-            dumps=None,
-            max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES,
-        )
-        self.timer = timer
-        self.core = Core(app, ops, self.settings, metrics, timer)
         self.reclaimer = AsyncReclaimer(
-            app,
+            self.app,
             engine,
             interval=self.settings.reclaim_interval or 1.0,
             clock=clock,
@@ -134,33 +84,20 @@ class AsyncWorker:
         self.pruner = (
             None
             if retention is None
-            else AsyncPruner(engine, jobs=app.model, retention=retention, clock=clock)
+            else AsyncPruner(engine, jobs=self.app.model, retention=retention, clock=clock)
         )
-        self._next_prune = None if self.pruner is None else timer() + self._prune_wait()
         self.vacuumer = (
-            None if vacuum is None else AsyncVacuumer(engine, app.model, vacuum, timer=timer)
+            None if vacuum is None else AsyncVacuumer(engine, self.app.model, vacuum, timer=timer)
         )
-        self.install_signal_handlers = install_signal_handlers
         self._wake = asyncio.Event()
         self._finished = asyncio.Event()
         self._hard_stop = asyncio.Event()
         self._keeper_stop = asyncio.Event()
-        self._stop_requested = False
-        self._give_up_at: float | None = None
         self._threads: DaemonPool | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._running = False
         self.listener: AsyncListener | None = None
         #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
         self.listening = asyncio.Event()
-
-    @property
-    def worker_id(self) -> str:
-        """The id this worker claims under."""
-        return self.settings.worker_id
-
-    def __repr__(self) -> str:
-        return f"AsyncWorker({self.app!r}, worker_id={self.worker_id!r})"
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -179,15 +116,7 @@ class AsyncWorker:
         self._keeper_stop.clear()
         restore = self._install_signals() if self.install_signal_handlers else None
         s = self.settings
-        log.info(
-            "async worker %s: queues %s, kinds %s, concurrency %d, batch %d, lease %g s",
-            s.worker_id,
-            list(s.queues) if s.queues else "all",
-            list(s.kinds) if s.kinds else "all",
-            s.concurrency,
-            s.batch,
-            s.lease,
-        )
+        self._log_start()
         keeper = asyncio.get_running_loop().create_task(self._keep(), name="sa-outbox-keeper")
         try:
             if s.listen:
@@ -217,39 +146,20 @@ class AsyncWorker:
             log.info("async worker %s stopped", s.worker_id)
 
     async def _loop(self) -> None:
-        core = self.core
-        grace_over: float | None = None
+        self._grace_over = None
         while True:
             self._wake.clear()
-            now = self.timer()
-            if self._stop_requested and not core.stopping:
-                core.begin_shutdown()
-                grace_over = now + self.settings.grace
-                log.info(
-                    "async worker %s: stopping; %d running jobs have %g s to finish",
-                    self.worker_id,
-                    core.busy,
-                    self.settings.grace,
-                )
-            if core.stopping:
-                assert grace_over is not None
-                if self._hard_stop.is_set() or now >= grace_over:
-                    self._cancel(core.abandon_running())
-                    break
-                if core.busy == 0 and not core.results:
-                    break
-            self._cancel(core.expire(now))
-            claim = core.claim_size(now)
-            if not claim and not core.should_write(now, claim):
-                wait = core.next_wakeup(now)
-                if grace_over is not None:
-                    wait = min(wait if wait is not None else grace_over, grace_over - now)
+            step = self._decide(self.timer())
+            self._cancel(step.cancel)
+            if step.stop:
+                break
+            if step.idle:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
+                    await asyncio.wait_for(self._wake.wait(), step.wait)
                 continue
-            if not await self._write_or_give_up(core.take_results(), claim):
+            if not await self._write_or_give_up(step.results, step.claim):
                 return
-        results = core.take_results()
+        results = self.core.take_results()
         if results:
             await self._write_or_give_up(results, 0)
 
@@ -263,14 +173,8 @@ class AsyncWorker:
         try:
             await self._write(results, claim)
         except Exception as exc:
-            if not self._stop_retrying():
+            if not self._may_give_up(exc):
                 raise
-            log.error(
-                "async worker %s: giving up writing while stopping (%s: %s)",
-                self.worker_id,
-                type(exc).__name__,
-                exc,
-            )
             return False
         return True
 
@@ -317,15 +221,9 @@ class AsyncWorker:
             report=self._report_error,
         )
 
-    def _stop_retrying(self) -> bool:
-        return self._give_up_at is not None and self.timer() >= self._give_up_at
-
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._hard_stop.wait(), seconds)
-
-    def _report_error(self, operation: str, error: BaseException) -> None:
-        self.core.hook("database_error", operation, error)
 
     # -- handlers ------------------------------------------------------------------------
 
@@ -395,45 +293,29 @@ class AsyncWorker:
     # -- the keeper ----------------------------------------------------------------------
 
     async def _keep(self) -> None:
-        s = self.settings
-        next_beat = self.timer() + s.heartbeat_interval
-        next_reclaim = self.timer() + (s.reclaim_interval or 0.0) / 4
+        plan = KeeperPlan(self.settings, now=self.timer())
+        chores: dict[Chore, Callable[[], Awaitable[object]]] = {
+            "heartbeat": self.heartbeat,
+            "reclaim": self.reclaim,
+            "vacuum": self.vacuum,
+            "prune": self.prune_due,
+        }
+        vacuum_interval = None if self.vacuumer is None else self.vacuumer.policy.interval_seconds
         while not self._keeper_stop.is_set():
             now = self.timer()
-            if now >= next_beat:
+            vacuum = self.vacuumer is not None and self.vacuumer.due()
+            for chore in plan.due(now, vacuum=vacuum, prune=self._next_prune is not None):
                 try:
-                    await self.heartbeat()
-                    next_beat = now + s.heartbeat_interval
+                    await chores[chore]()
                 except Exception as exc:
-                    self._report_error("heartbeat", exc)
-                    log.warning("heartbeat failed (%s: %s)", type(exc).__name__, exc)
-                    next_beat = now + min(s.heartbeat_interval, 1.0)
-            if s.reclaim_interval is not None and now >= next_reclaim:
-                try:
-                    await self.reclaim()
-                except Exception as exc:
-                    self._report_error("reclaim", exc)
-                    log.warning("reclaim failed (%s: %s)", type(exc).__name__, exc)
-                next_reclaim = now + jittered(s.reclaim_interval)
-            if self.vacuumer is not None and self.vacuumer.due():
-                try:
-                    await self.vacuum()
-                except Exception as exc:
-                    self._report_error("vacuum", exc)
-                    log.warning("vacuum failed (%s: %s)", type(exc).__name__, exc)
-            if self._next_prune is not None:
-                try:
-                    await self.prune_due()
-                except Exception as exc:
-                    self._report_error("prune", exc)
-                    log.warning("prune failed (%s: %s)", type(exc).__name__, exc)
-            due = min(next_beat, next_reclaim if s.reclaim_interval is not None else next_beat)
-            if self._next_prune is not None:
-                due = min(due, self._next_prune)
-            if self.vacuumer is not None:
-                due = min(due, self.timer() + self.vacuumer.policy.interval_seconds)
+                    self._chore_failed(chore, exc)
+                    plan.done(chore, now, ok=False)
+                else:
+                    plan.done(chore, now, ok=True)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._keeper_stop.wait(), max(0.0, due - self.timer()))
+                await asyncio.wait_for(
+                    self._keeper_stop.wait(), self._keeper_wait(plan, vacuum_interval)
+                )
 
     # -- the listener --------------------------------------------------------------------
 
@@ -486,12 +368,7 @@ class AsyncWorker:
             asyncio.get_running_loop().call_later(60, worker.stop)
             await worker.run()
         """
-        if self._stop_requested or now:
-            self._hard_stop.set()
-            self._give_up_at = self.timer()
-        elif self._give_up_at is None:
-            self._give_up_at = self.timer() + self.settings.grace + max(self.settings.grace, 5)
-        self._stop_requested = True
+        self._request_stop(now)
         self._wake.set()
 
     def _install_signals(self) -> Callable[[], None] | None:
@@ -574,12 +451,6 @@ class AsyncWorker:
             self.core.hook("heartbeat", len(result.done), lost, self.timer() - sent_at)
         return result
 
-    def _prune_wait(self) -> float:
-        assert self.pruner is not None
-        interval = self.pruner.retention.interval
-        assert isinstance(interval, dt.timedelta)
-        return jittered(interval.total_seconds())
-
     async def prune(self) -> PruneReport:
         """See `Worker.prune`.
 
@@ -599,18 +470,10 @@ class AsyncWorker:
             await worker.prune_due()
             # -> None
         """
-        if self._next_prune is None or self.timer() < self._next_prune:
+        if not self._prune_is_due(None if self.pruner is None else self.pruner.retention):
             return None
-        self._next_prune = self.timer() + self._prune_wait()
         report = await self.prune()
-        if report.deleted or report.skipped:
-            log.info(
-                "pruned %d succeeded and %d failed jobs in %d batches%s",
-                report.succeeded,
-                report.failed,
-                report.batches,
-                " (another pruner held the lock)" if report.skipped else "",
-            )
+        self._log_pruned(report)
         return report
 
     async def vacuum(self) -> VacuumReport | None:
@@ -624,8 +487,7 @@ class AsyncWorker:
         if self.vacuumer is None:
             return None
         report = await self.vacuumer.run_once()
-        for table in report.vacuumed:
-            log.info("vacuumed %s (%d dead tuples)", table, report.dead_tuples[table])
+        self._log_vacuumed(report)
         return report
 
     async def reclaim(self) -> list[ReclaimedJob]:

@@ -9,28 +9,26 @@ transaction: one commit per batch, not per job. See docs/worker.md.
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import logging
 import signal
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
 from .._clock import Clock
-from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._exceptions import InvalidArgument
 from ..maintenance._retention import Pruner, PruneReport, Retention
-from ..maintenance._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, VacuumReport
-from ..queue._executors import Op, _drive, _JobOps
+from ..maintenance._vacuum import Vacuumer, VacuumPolicy, VacuumReport
+from ..queue._executors import Op, _drive
 from ..queue._results import BatchResult, ReclaimedJob
-from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
-from ._core import Core, Entry, Result, Written
+from ._core import Entry, Result, Written
 from ._direct import HeldConnection, can_hold
+from ._driver import Chore, DriverBase, KeeperPlan
 from ._retry import call_retrying
-from ._settings import check_engine, jittered, make_settings
+from ._settings import check_engine
 from ._threads import DaemonPool
 from .listen import Listener
 from .metrics import WorkerMetrics
@@ -43,7 +41,7 @@ log = logging.getLogger("sa_outbox.worker")
 T = TypeVar("T")
 
 
-class Worker:
+class Worker(DriverBase[Engine]):
     """Run the jobs of a `JobApp` with threads, until stopped.
 
     ``run()`` claims batches from ``queues`` (``None``: all) and ``kinds`` (``None``: all;
@@ -90,76 +88,29 @@ class Worker:
         worker.run()  # returns after SIGTERM / SIGINT / worker.stop()
     """
 
-    def __init__(
-        self,
-        app: JobApp,
-        engine: Engine,
-        *,
-        queues: str | Sequence[str] | None = None,
-        kinds: str | Sequence[str] | None = None,
-        concurrency: int = 10,
-        batch: int | None = None,
-        prefetch: int | None = None,
-        lease: dt.timedelta | float = DEFAULT_LEASE,
-        heartbeat_interval: dt.timedelta | float | None = None,
-        poll_interval: dt.timedelta | float = 1.0,
-        listen: bool = True,
-        ack_delay: dt.timedelta | float = 0.005,
-        ack_batch: int | None = None,
-        grace: dt.timedelta | float = 10.0,
-        reclaim: bool = True,
-        reclaim_interval: dt.timedelta | float | None = None,
-        retention: Retention | None = None,
-        vacuum: VacuumPolicy | None = DEFAULT_VACUUM,
-        worker_id: str | None = None,
-        metrics: WorkerMetrics | None = None,
-        clock: Clock | None = None,
-        timer: Callable[[], float] = time.monotonic,
-        install_signal_handlers: bool = True,
-        max_error_chars: int = 4000,
-    ) -> None:
-        if not isinstance(app, JobApp):
-            raise InvalidArgumentType(f"Worker needs a JobApp, got {type(app).__name__}")
+    name = "Worker"
+
+    def _check(self, app: JobApp, engine: Engine) -> None:
         check_engine(engine, "Worker")
         coroutines = [kind for kind in app.kinds if app[kind].is_async]
         if coroutines:
             raise InvalidArgument(
                 f"the handlers of {coroutines} are coroutine functions: run them with AsyncWorker"
             )
-        self.app = app
-        self.engine = engine
+
+    def _setup(
+        self,
+        *,
+        clock: Clock | None,
+        metrics: WorkerMetrics | None,
+        retention: Retention | None,
+        vacuum: VacuumPolicy | None,
+    ) -> None:
+        engine, timer = self.engine, self.timer
         # The loop's connection: kept by `run` between batches, by a step for its duration.
         self._held = HeldConnection(engine)
-        self._hold = False
-        self.settings = make_settings(
-            worker_id=worker_id,
-            queues=queues,
-            kinds=kinds,
-            concurrency=concurrency,
-            batch=batch,
-            prefetch=prefetch,
-            lease=lease,
-            heartbeat_interval=heartbeat_interval,
-            poll_interval=poll_interval,
-            listen=listen,
-            ack_delay=ack_delay,
-            ack_batch=ack_batch,
-            grace=grace,
-            reclaim=reclaim,
-            reclaim_interval=reclaim_interval,
-            max_error_chars=max_error_chars,
-        )
-        ops = _JobOps(
-            app.model,
-            clock=clock,
-            backoff=app.backoff,
-            dumps=None,
-            max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES,
-        )
-        self.timer = timer
-        self.core = Core(app, ops, self.settings, metrics, timer)
         self.reclaimer = Reclaimer(
-            app,
+            self.app,
             engine,
             interval=self.settings.reclaim_interval or 1.0,
             clock=clock,
@@ -168,29 +119,18 @@ class Worker:
         self.pruner = (
             None
             if retention is None
-            else Pruner(engine, jobs=app.model, retention=retention, clock=clock)
+            else Pruner(engine, jobs=self.app.model, retention=retention, clock=clock)
         )
-        self._next_prune = None if self.pruner is None else timer() + self._prune_wait()
-        self.vacuumer = None if vacuum is None else Vacuumer(engine, app.model, vacuum, timer=timer)
-        self.install_signal_handlers = install_signal_handlers
+        self.vacuumer = (
+            None if vacuum is None else Vacuumer(engine, self.app.model, vacuum, timer=timer)
+        )
         self._cond = threading.Condition()  # an RLock: a signal handler may re-enter it
-        self._stop_requested = False
         self._hard_stop = threading.Event()
-        self._give_up_at: float | None = None
         self._pool: DaemonPool | None = None
-        self._running = False
         self._keeper_stop = threading.Event()
         self.listener: Listener | None = None
         #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
         self.listening = threading.Event()
-
-    @property
-    def worker_id(self) -> str:
-        """The id this worker claims under (``worker_id`` of its rows)."""
-        return self.settings.worker_id
-
-    def __repr__(self) -> str:
-        return f"Worker({self.app!r}, worker_id={self.worker_id!r})"
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -211,16 +151,7 @@ class Worker:
         keeper = threading.Thread(target=self._keep, name="sa-outbox-keeper", daemon=True)
         keeper_stop = self._keeper_stop = threading.Event()
         s = self.settings
-        log.info(
-            "worker %s: queues %s, kinds %s, concurrency %d, batch %d, lease %g s, %s",
-            s.worker_id,
-            list(s.queues) if s.queues else "all",
-            list(s.kinds) if s.kinds else "all",
-            s.concurrency,
-            s.batch,
-            s.lease,
-            "listening for notifications" if s.listen else f"polling every {s.poll_interval:g} s",
-        )
+        self._log_start()
         try:
             keeper.start()
             if s.listen:
@@ -243,37 +174,16 @@ class Worker:
             log.info("worker %s stopped", s.worker_id)
 
     def _loop(self) -> None:
-        core = self.core
-        grace_over: float | None = None
+        self._grace_over = None
         while True:
             with self._cond:
-                now = self.timer()
-                if self._stop_requested and not core.stopping:
-                    core.begin_shutdown()
-                    grace_over = now + self.settings.grace
-                    log.info(
-                        "worker %s: stopping; %d running jobs have %g s to finish",
-                        self.worker_id,
-                        core.busy,
-                        self.settings.grace,
-                    )
-                if core.stopping:
-                    assert grace_over is not None
-                    if self._hard_stop.is_set() or now >= grace_over:
-                        core.abandon_running()
-                        break
-                    if core.busy == 0 and not core.results:
-                        break
-                core.expire(now)
-                claim = core.claim_size(now)
-                if not core.should_write(now, claim) and not claim:
-                    wait = core.next_wakeup(now)
-                    if grace_over is not None:
-                        wait = min(wait if wait is not None else grace_over, grace_over - now)
-                    self._cond.wait(wait)
+                step = self._decide(self.timer())
+                if step.idle:
+                    self._cond.wait(step.wait)
                     continue
-                results = core.take_results()
-            if not self._write_or_give_up(results, claim):
+            if step.stop:
+                break
+            if not self._write_or_give_up(step.results, step.claim):
                 return
         # The final write: what finished in time, and the releases of what did not.
         with self._cond:
@@ -285,14 +195,8 @@ class Worker:
         try:
             self._write(results, claim)
         except Exception as exc:
-            if not self._stop_retrying():
+            if not self._may_give_up(exc):
                 raise
-            log.error(
-                "worker %s: giving up writing while stopping (%s: %s)",
-                self.worker_id,
-                type(exc).__name__,
-                exc,
-            )
             return False
         return True
 
@@ -339,16 +243,8 @@ class Worker:
             report=self._report_error,
         )
 
-    def _stop_retrying(self) -> bool:
-        # While running, a database that went away is waited for; once stopping, only
-        # until the grace period (and as long again for the final write) is over.
-        return self._give_up_at is not None and self.timer() >= self._give_up_at
-
     def _sleep(self, seconds: float) -> None:
         self._hard_stop.wait(seconds)
-
-    def _report_error(self, operation: str, error: BaseException) -> None:
-        self.core.hook("database_error", operation, error)
 
     # -- handlers ------------------------------------------------------------------------
 
@@ -382,44 +278,26 @@ class Worker:
     # -- the keeper: heartbeats and the reclaimer ----------------------------------------
 
     def _keep(self) -> None:
-        s = self.settings
-        next_beat = self.timer() + s.heartbeat_interval
-        next_reclaim = self.timer() + (s.reclaim_interval or 0.0) / 4
+        plan = KeeperPlan(self.settings, now=self.timer())
+        chores: dict[Chore, Callable[[], object]] = {
+            "heartbeat": self.heartbeat,
+            "reclaim": self.reclaim,
+            "vacuum": self.vacuum,
+            "prune": self.prune_due,
+        }
+        vacuum_interval = None if self.vacuumer is None else self.vacuumer.policy.interval_seconds
         while not self._keeper_stop.is_set():
             now = self.timer()
-            if now >= next_beat:
+            vacuum = self.vacuumer is not None and self.vacuumer.due()
+            for chore in plan.due(now, vacuum=vacuum, prune=self._next_prune is not None):
                 try:
-                    self.heartbeat()
-                    next_beat = now + s.heartbeat_interval
+                    chores[chore]()
                 except Exception as exc:
-                    self._report_error("heartbeat", exc)
-                    log.warning("heartbeat failed (%s: %s)", type(exc).__name__, exc)
-                    next_beat = now + min(s.heartbeat_interval, 1.0)
-            if s.reclaim_interval is not None and now >= next_reclaim:
-                try:
-                    self.reclaim()
-                except Exception as exc:
-                    self._report_error("reclaim", exc)
-                    log.warning("reclaim failed (%s: %s)", type(exc).__name__, exc)
-                next_reclaim = now + jittered(s.reclaim_interval)
-            if self.vacuumer is not None and self.vacuumer.due():
-                try:
-                    self.vacuum()
-                except Exception as exc:
-                    self._report_error("vacuum", exc)
-                    log.warning("vacuum failed (%s: %s)", type(exc).__name__, exc)
-            if self._next_prune is not None:
-                try:
-                    self.prune_due()
-                except Exception as exc:
-                    self._report_error("prune", exc)
-                    log.warning("prune failed (%s: %s)", type(exc).__name__, exc)
-            due = min(next_beat, next_reclaim if s.reclaim_interval is not None else next_beat)
-            if self._next_prune is not None:
-                due = min(due, self._next_prune)
-            if self.vacuumer is not None:
-                due = min(due, self.timer() + self.vacuumer.policy.interval_seconds)
-            self._keeper_stop.wait(max(0.0, due - self.timer()))
+                    self._chore_failed(chore, exc)
+                    plan.done(chore, now, ok=False)
+                else:
+                    plan.done(chore, now, ok=True)
+            self._keeper_stop.wait(self._keeper_wait(plan, vacuum_interval))
 
     # -- the listener --------------------------------------------------------------------
 
@@ -463,12 +341,7 @@ class Worker:
             worker.run()  # returns after a minute, and the grace period
         """
         with self._cond:
-            if self._stop_requested or now:
-                self._hard_stop.set()
-                self._give_up_at = self.timer()
-            elif self._give_up_at is None:
-                self._give_up_at = self.timer() + self.settings.grace + max(self.settings.grace, 5)
-            self._stop_requested = True
+            self._request_stop(now)
             self._cond.notify_all()
 
     def _install_signals(self) -> Callable[[], None] | None:
@@ -583,12 +456,6 @@ class Worker:
             self.core.hook("heartbeat", len(result.done), lost, self.timer() - sent_at)
         return result
 
-    def _prune_wait(self) -> float:
-        assert self.pruner is not None
-        interval = self.pruner.retention.interval
-        assert isinstance(interval, dt.timedelta)
-        return jittered(interval.total_seconds())
-
     def prune(self) -> PruneReport:
         """Prune the job table now, by the ``retention`` policy (see `Pruner`).
 
@@ -609,18 +476,10 @@ class Worker:
             worker.prune_due()
             # -> None
         """
-        if self._next_prune is None or self.timer() < self._next_prune:
+        if not self._prune_is_due(None if self.pruner is None else self.pruner.retention):
             return None
-        self._next_prune = self.timer() + self._prune_wait()
         report = self.prune()
-        if report.deleted or report.skipped:
-            log.info(
-                "pruned %d succeeded and %d failed jobs in %d batches%s",
-                report.succeeded,
-                report.failed,
-                report.batches,
-                " (another pruner held the lock)" if report.skipped else "",
-            )
+        self._log_pruned(report)
         return report
 
     def vacuum(self) -> VacuumReport | None:
@@ -634,8 +493,7 @@ class Worker:
         if self.vacuumer is None:
             return None
         report = self.vacuumer.run_once()
-        for table in report.vacuumed:
-            log.info("vacuumed %s (%d dead tuples)", table, report.dead_tuples[table])
+        self._log_vacuumed(report)
         return report
 
     def reclaim(self) -> list[ReclaimedJob]:

@@ -1,0 +1,320 @@
+"""What `Worker` (threads) and `AsyncWorker` (asyncio) share, written once.
+
+`DriverBase` takes the options (one signature, checked once by `make_settings`), builds the
+`Core`, and holds the decisions that need no I/O: what the loop does next (`Step`), when the
+keeper's chores are due (`KeeperPlan`), how a stop request moves the deadlines, what is
+logged. Each driver adds only its way of waiting, locking and running I/O: the sync one
+calls these under its lock, the async one from its event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+from .._clock import Clock
+from .._exceptions import InvalidArgumentType
+from ..maintenance._retention import PruneReport, Retention
+from ..maintenance._vacuum import DEFAULT_VACUUM, VacuumPolicy, VacuumReport
+from ..queue._executors import _JobOps
+from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
+from ._core import Core, Entry, Result
+from ._settings import Settings, jittered, log, make_settings
+from .metrics import WorkerMetrics
+from .registry import JobApp
+
+E = TypeVar("E")
+
+#: The keeper's chores, in the order it runs those that are due.
+Chore = Literal["heartbeat", "reclaim", "vacuum", "prune"]
+
+
+@dataclasses.dataclass(slots=True)
+class Step:
+    """What the loop does next: stop, wait (``idle``, up to ``wait`` seconds; ``None``: until
+    woken), or write ``results`` and claim ``claim`` jobs. ``cancel``: jobs whose handlers
+    the async driver cancels (expired, or abandoned at the end of the grace period).
+
+    Example:
+        >>> Step(stop=True).claim
+        0
+    """
+
+    stop: bool = False
+    idle: bool = False
+    wait: float | None = None
+    results: list[Result] = dataclasses.field(default_factory=list)
+    claim: int = 0
+    cancel: list[Entry] = dataclasses.field(default_factory=list)
+
+
+class KeeperPlan:
+    """When the keeper's heartbeat and reclaim are due next (vacuum and prune keep their own
+    schedules: `Vacuumer.due`, `DriverBase.prune_due`).
+
+    A failed heartbeat is tried again within a second; the reclaimer runs every
+    ``reclaim_interval`` ± 20 %, the first time after a quarter of it.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> settings = SimpleNamespace(heartbeat_interval=10.0, reclaim_interval=None)
+        >>> plan = KeeperPlan(settings, now=0.0)
+        >>> plan.due(5.0, vacuum=False, prune=False)
+        []
+        >>> plan.due(plan.next_beat, vacuum=False, prune=True)
+        ['heartbeat', 'prune']
+    """
+
+    def __init__(self, settings: Settings, *, now: float) -> None:
+        self.settings = settings
+        self.next_beat = now + settings.heartbeat_interval
+        self.next_reclaim = now + (settings.reclaim_interval or 0.0) / 4
+
+    def due(self, now: float, *, vacuum: bool, prune: bool) -> list[Chore]:
+        """The chores to run now, in order; ``vacuum`` and ``prune`` say whether those are
+        due by their own schedules."""
+        chores: list[Chore] = []
+        if now >= self.next_beat:
+            chores.append("heartbeat")
+        if self.settings.reclaim_interval is not None and now >= self.next_reclaim:
+            chores.append("reclaim")
+        if vacuum:
+            chores.append("vacuum")
+        if prune:
+            chores.append("prune")
+        return chores
+
+    def done(self, chore: Chore, now: float, *, ok: bool) -> None:
+        """Schedule ``chore`` again after it ran (``ok``) or failed, at ``now``."""
+        interval = self.settings.heartbeat_interval
+        if chore == "heartbeat":
+            self.next_beat = now + (interval if ok else min(interval, 1.0))
+        elif chore == "reclaim" and self.settings.reclaim_interval is not None:
+            self.next_reclaim = now + jittered(self.settings.reclaim_interval)
+
+    def wake_at(self) -> float:
+        """The next time a heartbeat or reclaim is due."""
+        if self.settings.reclaim_interval is None:
+            return self.next_beat
+        return min(self.next_beat, self.next_reclaim)
+
+
+class DriverBase(Generic[E]):
+    """The options, state and decisions of a worker, for its sync and async drivers."""
+
+    #: The driver's name in messages ("Worker", "AsyncWorker").
+    name: ClassVar[str]
+    _hard_stop: Any  # a threading.Event or an asyncio.Event: both have is_set()
+
+    def __init__(
+        self,
+        app: JobApp,
+        engine: E,
+        *,
+        queues: str | Sequence[str] | None = None,
+        kinds: str | Sequence[str] | None = None,
+        concurrency: int = 10,
+        batch: int | None = None,
+        prefetch: int | None = None,
+        lease: dt.timedelta | float = DEFAULT_LEASE,
+        heartbeat_interval: dt.timedelta | float | None = None,
+        poll_interval: dt.timedelta | float = 1.0,
+        listen: bool = True,
+        ack_delay: dt.timedelta | float = 0.005,
+        ack_batch: int | None = None,
+        grace: dt.timedelta | float = 10.0,
+        reclaim: bool = True,
+        reclaim_interval: dt.timedelta | float | None = None,
+        retention: Retention | None = None,
+        vacuum: VacuumPolicy | None = DEFAULT_VACUUM,
+        worker_id: str | None = None,
+        metrics: WorkerMetrics | None = None,
+        clock: Clock | None = None,
+        timer: Callable[[], float] = time.monotonic,
+        install_signal_handlers: bool = True,
+        max_error_chars: int = 4000,
+    ) -> None:
+        if not isinstance(app, JobApp):
+            raise InvalidArgumentType(f"{self.name} needs a JobApp, got {type(app).__name__}")
+        self._check(app, engine)
+        self.app = app
+        self.engine = engine
+        self._hold = False
+        self.settings = make_settings(
+            worker_id=worker_id,
+            queues=queues,
+            kinds=kinds,
+            concurrency=concurrency,
+            batch=batch,
+            prefetch=prefetch,
+            lease=lease,
+            heartbeat_interval=heartbeat_interval,
+            poll_interval=poll_interval,
+            listen=listen,
+            ack_delay=ack_delay,
+            ack_batch=ack_batch,
+            grace=grace,
+            reclaim=reclaim,
+            reclaim_interval=reclaim_interval,
+            max_error_chars=max_error_chars,
+        )
+        ops = _JobOps(
+            app.model,
+            clock=clock,
+            backoff=app.backoff,
+            dumps=None,
+            max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES,
+        )
+        self.timer = timer
+        self.core = Core(app, ops, self.settings, metrics, timer)
+        self.install_signal_handlers = install_signal_handlers
+        self._stop_requested = False
+        self._give_up_at: float | None = None
+        self._grace_over: float | None = None
+        self._running = False
+        self._setup(clock=clock, metrics=metrics, retention=retention, vacuum=vacuum)
+        self._next_prune = None if retention is None else timer() + self._prune_wait(retention)
+
+    def _check(self, app: JobApp, engine: E) -> None:
+        """Refuse an engine (or handlers) this driver cannot run."""
+        raise NotImplementedError
+
+    def _setup(
+        self,
+        *,
+        clock: Clock | None,
+        metrics: WorkerMetrics | None,
+        retention: Retention | None,
+        vacuum: VacuumPolicy | None,
+    ) -> None:
+        """Build the driver's own parts: held connection, reclaimer, pruner, vacuumer…"""
+        raise NotImplementedError
+
+    @property
+    def worker_id(self) -> str:
+        """The id this worker claims under (``worker_id`` of its rows)."""
+        return self.settings.worker_id
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.app!r}, worker_id={self.worker_id!r})"
+
+    def _log_start(self) -> None:
+        s = self.settings
+        log.info(
+            "%s %s: queues %s, kinds %s, concurrency %d, batch %d, lease %g s, %s",
+            self.name,
+            s.worker_id,
+            list(s.queues) if s.queues else "all",
+            list(s.kinds) if s.kinds else "all",
+            s.concurrency,
+            s.batch,
+            s.lease,
+            "listening for notifications" if s.listen else f"polling every {s.poll_interval:g} s",
+        )
+
+    # -- the loop's decisions ------------------------------------------------------------
+
+    def _decide(self, now: float) -> Step:
+        """What the loop does next, at ``now`` (under the sync driver's lock)."""
+        core = self.core
+        if self._stop_requested and not core.stopping:
+            core.begin_shutdown()
+            self._grace_over = now + self.settings.grace
+            log.info(
+                "%s %s: stopping; %d running jobs have %g s to finish",
+                self.name,
+                self.worker_id,
+                core.busy,
+                self.settings.grace,
+            )
+        grace_over = self._grace_over
+        if core.stopping:
+            assert grace_over is not None
+            if self._hard_stop.is_set() or now >= grace_over:
+                return Step(stop=True, cancel=core.abandon_running())
+            if core.busy == 0 and not core.results:
+                return Step(stop=True)
+        expired = core.expire(now)
+        claim = core.claim_size(now)
+        if not claim and not core.should_write(now, claim):
+            wait = core.next_wakeup(now)
+            if grace_over is not None:
+                wait = min(wait if wait is not None else grace_over, grace_over - now)
+            return Step(idle=True, wait=wait, cancel=expired)
+        return Step(results=core.take_results(), claim=claim, cancel=expired)
+
+    def _may_give_up(self, exc: BaseException) -> bool:
+        """Whether a write that failed with ``exc`` is abandoned (only once stopping)."""
+        if not self._stop_retrying():
+            return False
+        log.error(
+            "%s %s: giving up writing while stopping (%s: %s)",
+            self.name,
+            self.worker_id,
+            type(exc).__name__,
+            exc,
+        )
+        return True
+
+    def _stop_retrying(self) -> bool:
+        # While running, a database that went away is waited for; once stopping, only
+        # until the grace period (and as long again for the final write) is over.
+        return self._give_up_at is not None and self.timer() >= self._give_up_at
+
+    def _report_error(self, operation: str, error: BaseException) -> None:
+        self.core.hook("database_error", operation, error)
+
+    def _request_stop(self, now: bool) -> None:
+        """Move the deadlines for a stop request (the drivers then wake their loop)."""
+        if self._stop_requested or now:
+            self._hard_stop.set()
+            self._give_up_at = self.timer()
+        elif self._give_up_at is None:
+            self._give_up_at = self.timer() + self.settings.grace + max(self.settings.grace, 5)
+        self._stop_requested = True
+
+    # -- the keeper's chores -------------------------------------------------------------
+
+    def _chore_failed(self, chore: Chore, exc: Exception) -> None:
+        self._report_error(chore, exc)
+        log.warning("%s failed (%s: %s)", chore, type(exc).__name__, exc)
+
+    def _keeper_wait(self, plan: KeeperPlan, vacuum_interval: float | None) -> float:
+        due = plan.wake_at()
+        if self._next_prune is not None:
+            due = min(due, self._next_prune)
+        if vacuum_interval is not None:
+            due = min(due, self.timer() + vacuum_interval)
+        return max(0.0, due - self.timer())
+
+    @staticmethod
+    def _prune_wait(retention: Retention) -> float:
+        interval = retention.interval
+        assert isinstance(interval, dt.timedelta)
+        return jittered(interval.total_seconds())
+
+    def _prune_is_due(self, retention: Retention | None) -> bool:
+        """Whether pruning is due now; if so, the next time is scheduled."""
+        if retention is None or self._next_prune is None or self.timer() < self._next_prune:
+            return False
+        self._next_prune = self.timer() + self._prune_wait(retention)
+        return True
+
+    @staticmethod
+    def _log_pruned(report: PruneReport) -> None:
+        if report.deleted or report.skipped:
+            log.info(
+                "pruned %d succeeded and %d failed jobs in %d batches%s",
+                report.succeeded,
+                report.failed,
+                report.batches,
+                " (another pruner held the lock)" if report.skipped else "",
+            )
+
+    @staticmethod
+    def _log_vacuumed(report: VacuumReport) -> None:
+        for table in report.vacuumed:
+            log.info("vacuumed %s (%d dead tuples)", table, report.dead_tuples[table])
