@@ -27,26 +27,21 @@ that a type checker reads (``alembic/op.pyi`` knows nothing of custom operations
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, Protocol, TypeVar
-
-from alembic.operations import MigrateOperation, Operations
-from sqlalchemy import Enum, MetaData, Table, literal
+from alembic.operations import Operations
+from sqlalchemy import Enum, Table, literal
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
 
-from sa_outbox._validation import identifier, optional_identifier
 from sa_outbox.schema._notify_trigger import create_notify_trigger_sql, drop_notify_trigger_sql
 from sa_outbox.schema._outbox_triggers import create_outbox_triggers_sql, drop_outbox_triggers_sql
 from sa_outbox.schema._partition_ddl import (
-    PartitionInterval,
-    check_partition_interval,
     drop_dedup_trigger_sql,
     setup_sql,
 )
-from sa_outbox.schema._storage import Storage, check_storage, set_storage_sql
 
-from ._tables import RECOMMENDED_STORAGE, TableKind, build_table, is_job_status_type
+from ._base import StorageArgument, SupportsInvoke, _CreateOperation, _DropOperation
+from ._storage_op import SetTableStorageOp, set_table_storage
+from ._tables import is_job_status_type
 
 __all__ = [
     "CreateJobQueueOp",
@@ -62,101 +57,6 @@ __all__ = [
     "drop_outbox",
     "set_table_storage",
 ]
-
-#: Storage settings as the operations take them: ``"recommended"`` is the mixin's default.
-StorageArgument = Mapping[str, int | float | bool] | Literal["recommended"] | None
-
-
-class SupportsInvoke(Protocol):
-    """What the plain functions need of ``op``: the ``alembic.op`` module or an `Operations`.
-
-    Example:
-        >>> from alembic import op
-        >>> callable(op.invoke)
-        True
-    """
-
-    def invoke(self, operation: MigrateOperation) -> Any: ...
-
-
-_T = TypeVar("_T", bound="_TableOperation")
-
-
-class _TableOperation(MigrateOperation):
-    """One of the library's tables, by name and schema (and partitioning and storage)."""
-
-    kind: ClassVar[TableKind]
-
-    def __init__(
-        self,
-        table_name: str,
-        *,
-        schema: str | None = None,
-        partition_interval: str | None = None,
-        storage: StorageArgument = "recommended",
-    ) -> None:
-        # Building the table checks the names (the index names derived from the table's
-        # included) here, before any SQL; so are the interval and the storage settings.
-        interval = check_partition_interval(partition_interval, "partition_interval")
-        checked: Storage | None = (
-            dict(RECOMMENDED_STORAGE[self.kind])
-            if storage == "recommended"
-            else check_storage(storage, "storage")
-        )
-        self._table = build_table(
-            self.kind, table_name, schema, partition_interval=interval, storage=checked
-        )
-        self.table_name: str = table_name
-        self.schema: str | None = schema
-        self.partition_interval: PartitionInterval | None = interval
-        self.storage: Storage | None = checked
-
-    @property
-    def recommended_storage(self) -> bool:
-        """Whether the storage settings are the mixin's recommended ones."""
-        return self.storage == dict(RECOMMENDED_STORAGE[self.kind])
-
-    def to_table(self) -> Table:
-        """The table this operation creates or drops, as the mixin declares it."""
-        return self._table
-
-    def __repr__(self) -> str:
-        extra = ""
-        if self.partition_interval is not None:
-            extra += f", partition_interval={self.partition_interval!r}"
-        if not self.recommended_storage:
-            extra += f", storage={self.storage!r}"
-        return f"{type(self).__name__}({self.table_name!r}, schema={self.schema!r}{extra})"
-
-    def _key(self) -> tuple[Any, ...]:
-        storage = None if self.storage is None else tuple(sorted(self.storage.items()))
-        return (self.table_name, self.schema, self.partition_interval, storage)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _TableOperation) or type(other) is not type(self):
-            return NotImplemented
-        return other._key() == self._key()
-
-    def __hash__(self) -> int:
-        return hash((type(self), *self._key()))
-
-    def _same(self, other: type[_T]) -> _T:
-        return other(
-            self.table_name,
-            schema=self.schema,
-            partition_interval=self.partition_interval,
-            storage=self.storage,
-        )
-
-
-class _CreateOperation(_TableOperation):
-    def to_diff_tuple(self) -> tuple[str, Table]:
-        return ("add_table", self.to_table())
-
-
-class _DropOperation(_TableOperation):
-    def to_diff_tuple(self) -> tuple[str, Table]:
-        return ("remove_table", self.to_table())
 
 
 @Operations.register_operation("create_job_queue")
@@ -481,108 +381,4 @@ def drop_outbox(
         DropOutboxOp(
             table_name, schema=schema, partition_interval=partition_interval, storage=storage
         )
-    )
-
-
-@Operations.register_operation("set_table_storage")
-class SetTableStorageOp(MigrateOperation):
-    """Make a table's storage settings exactly ``storage`` (``None``: the server defaults).
-
-    Known parameters not in ``storage`` are reset. On a partitioned table, every partition
-    gets the settings (a partitioned table has none of its own). ``existing_storage`` is
-    what the table had, for the reverse operation; autogenerate fills it in.
-
-    Example:
-        >>> SetTableStorageOp("jobs", {"fillfactor": 90}, existing_storage=None).reverse()
-        SetTableStorageOp('jobs', None, schema=None, existing_storage={'fillfactor': 90})
-    """
-
-    def __init__(
-        self,
-        table_name: str,
-        storage: Mapping[str, int | float | bool] | None,
-        *,
-        schema: str | None = None,
-        existing_storage: Mapping[str, int | float | bool] | None = None,
-    ) -> None:
-        self.table_name: str = identifier(table_name, "table name")
-        self.schema: str | None = optional_identifier(schema, "schema")
-        self.storage: Storage | None = check_storage(storage, "storage")
-        self.existing_storage: Storage | None = check_storage(existing_storage, "existing_storage")
-
-    @classmethod
-    def set_table_storage(
-        cls,
-        operations: Operations,
-        table_name: str,
-        storage: Mapping[str, int | float | bool] | None,
-        *,
-        schema: str | None = None,
-        existing_storage: Mapping[str, int | float | bool] | None = None,
-    ) -> None:
-        """Set the storage settings of ``table_name`` (``ALTER TABLE … RESET / SET``).
-
-        Example, in a migration::
-
-            op.set_table_storage("jobs", {"fillfactor": 70}, schema="work")
-        """
-        operations.invoke(
-            cls(table_name, storage, schema=schema, existing_storage=existing_storage)
-        )
-
-    def reverse(self) -> SetTableStorageOp:
-        return SetTableStorageOp(
-            self.table_name,
-            self.existing_storage,
-            schema=self.schema,
-            existing_storage=self.storage,
-        )
-
-    def to_table(self) -> Table:
-        """The table, by name only."""
-        return Table(self.table_name, MetaData(), schema=self.schema)
-
-    def __repr__(self) -> str:
-        return (
-            f"SetTableStorageOp({self.table_name!r}, {self.storage!r}, schema={self.schema!r}, "
-            f"existing_storage={self.existing_storage!r})"
-        )
-
-    def _key(self) -> tuple[Any, ...]:
-        def items(storage: Storage | None) -> Any:
-            return None if storage is None else tuple(sorted(storage.items()))
-
-        return (self.table_name, self.schema, items(self.storage), items(self.existing_storage))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SetTableStorageOp):
-            return NotImplemented
-        return other._key() == self._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-
-@Operations.implementation_for(SetTableStorageOp)
-def _set_storage(operations: Operations, operation: SetTableStorageOp) -> None:
-    operations.execute(set_storage_sql(operation.to_table(), operation.storage))
-
-
-def set_table_storage(
-    op: SupportsInvoke,
-    table_name: str,
-    storage: Mapping[str, int | float | bool] | None,
-    *,
-    schema: str | None = None,
-    existing_storage: Mapping[str, int | float | bool] | None = None,
-) -> None:
-    """``op.set_table_storage(...)`` in a form type checkers know.
-
-    Example, in a migration::
-
-        def upgrade() -> None:
-            alembic_ext.set_table_storage(op, "jobs", {"fillfactor": 70})
-    """
-    op.invoke(
-        SetTableStorageOp(table_name, storage, schema=schema, existing_storage=existing_storage)
     )
