@@ -1,4 +1,7 @@
-"""Publishers for the outbox relay (layer 5, integrations), one module per target.
+"""Layer 5, integrations: publishers for the outbox relay, one module per target.
+
+May import: ``sa_outbox.relay`` (the `Publisher` protocol and its errors) and everything
+below it; not the CLI.
 
 =====================================  ===============================  =========================
 module                                 class                            extra

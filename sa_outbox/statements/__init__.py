@@ -1,5 +1,10 @@
 """Layer 2: the query builder — functions that return SQLAlchemy Core statements.
 
+May import: ``sa_outbox.schema`` and the foundation modules, nothing that does I/O. Split
+by concern: ``_job_enqueue``, ``_job_claim`` (claim, heartbeat, complete), ``_job_settle``
+(retry, fail, release, reclaim, requeue, prune), ``_job_notify``; ``_outbox_append``,
+``_outbox_claim``, ``_outbox_settle``; ``_maintenance`` and ``_partitions`` (upkeep).
+
 No I/O, no sessions, no globals: each function validates its arguments (raising
 `InvalidArgument` / `InvalidArgumentType` before any SQL exists), and returns a statement
 whose values are bind parameters. Run it on your own connection, in your own transaction,

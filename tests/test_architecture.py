@@ -1,0 +1,129 @@
+"""docs/architecture.md tells the truth, and the import-layer check catches a wrong import.
+
+Every module path and dotted name the page gives must exist; every subpackage says its
+layer and what it may import; and ``lint-imports`` run on a copy of the package with one
+upward import added must fail, naming the contract it broke.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sa_outbox
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = (ROOT / "docs" / "architecture.md").read_text()
+CODE = re.findall(r"`([^`\s]+)`", PAGE)
+LAYERS = "sa_outbox: imports point down the layers"
+ALEMBIC = "alembic_ext builds on the schema and statement layers only"
+
+
+def _resolve(dotted: str) -> object:
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise ModuleNotFoundError(dotted)
+
+
+@pytest.mark.parametrize(
+    "dotted",
+    sorted({c for c in CODE if re.fullmatch(r"(sa_outbox|alembic_ext)(\.\w+)+", c)}),
+)
+def test_every_name_on_the_page_exists(dotted):
+    assert _resolve(dotted) is not None
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        {
+            c
+            for c in CODE
+            if re.match(r"(sa_outbox|alembic_ext|docs|tests)/", c) and not re.search(r"[*<]", c)
+        }
+    ),
+)
+def test_every_path_on_the_page_exists(path):
+    assert (ROOT / path).exists(), path
+
+
+def test_the_page_names_every_subpackage():
+    subpackages = [m.name for m in pkgutil.iter_modules(sa_outbox.__path__) if m.ispkg]
+    assert subpackages
+    for name in subpackages:
+        assert f"sa_outbox/{name}/" in PAGE, name
+
+
+def test_every_subpackage_says_its_layer_and_what_it_may_import():
+    for info in pkgutil.iter_modules(sa_outbox.__path__):
+        if not info.ispkg:
+            continue
+        doc = importlib.import_module(f"sa_outbox.{info.name}").__doc__ or ""
+        assert re.match(r"Layer \d", doc), info.name
+        assert "May import" in doc or "may import" in doc, info.name
+
+
+def _lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    if lint is None:
+        pytest.skip("import-linter is not installed (pip install -e '.[test]')")
+    return subprocess.run(
+        [lint, "--no-cache"],
+        cwd=tree,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def package_copy(tmp_path: Path) -> Path:
+    for name in ("sa_outbox", "alembic_ext"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_the_layers_hold_today(package_copy):
+    result = _lint_imports(package_copy)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        # the statement builder importing a runtime: an upward import
+        ("sa_outbox/statements/_common.py", "from ..worker import Worker", LAYERS),
+        # the worker importing its sibling, the relay
+        ("sa_outbox/worker/_settings.py", "from ..relay import Relay", LAYERS),
+        # an import hidden in a function is still an import
+        (
+            "sa_outbox/schema/_mixins.py",
+            "def _later():\n    from ..queue import JobQueue\n",
+            LAYERS,
+        ),
+        ("alembic_ext/_tables.py", "from sa_outbox.worker import Worker", ALEMBIC),
+    ],
+)
+def test_a_wrong_import_breaks_the_check(package_copy, module, line, contract):
+    target = package_copy / module
+    target.write_text(target.read_text() + "\n\n" + line + "\n")
+    result = _lint_imports(package_copy)
+    assert result.returncode != 0
+    assert f"{contract} BROKEN" in result.stdout, result.stdout
