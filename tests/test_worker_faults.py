@@ -182,7 +182,7 @@ def test_a_lease_heartbeats_could_not_renew_cancels_the_handler(
     worker_engine = create_engine(database_url)
 
     def kill_heartbeats(conn: Connection, cursor: object, statement: str, *args: object) -> None:
-        if "AS live" in statement:  # heartbeat_jobs: UPDATE … FROM unnest(…) AS live
+        if "WITH live AS" in statement:  # heartbeat_jobs: its held rows, locked in id order
             terminate_backend_of(conn, engine)
 
     event.listen(worker_engine, "before_cursor_execute", kill_heartbeats)

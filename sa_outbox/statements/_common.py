@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import ARRAY, Interval, Table, Text, Uuid, bindparam, cast, func
+from sqlalchemy import ARRAY, Interval, Table, Text, Uuid, bindparam, cast, func, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -98,6 +98,33 @@ def unnest_pairs(ids: list[uuid.UUID], tokens: list[uuid.UUID], name: str) -> An
     """``unnest(:ids, :tokens) AS name(id, token)``: one statement shape for any batch size."""
     pairs = func.unnest(uuid_array(ids), uuid_array(tokens)).table_valued("id", "token")
     return pairs.render_derived(name=name)
+
+
+def locked_in_id_order(t: Table, pairs: Any, name: str, *conditions: ColumnElement[bool]) -> Any:
+    """``WITH name AS (SELECT id, token … ORDER BY id FOR UPDATE)``: the held rows of ``t``
+    that ``pairs`` names (and ``conditions`` keep), locked in ``id`` order.
+
+    Every batched write to held rows takes its locks through this, so two of them on
+    overlapping rows (a worker's heartbeat and its completion, on two connections) wait for
+    each other at most; each locking in its own order (the pairs' order, or whatever the
+    plan meets first), they deadlock.
+
+    Example:
+        >>> from sqlalchemy import Column, MetaData, Table, Uuid
+        >>> t = Table("jobs", MetaData(), Column("id", Uuid), Column("lease_token", Uuid))
+        >>> from sqlalchemy.dialects import postgresql
+        >>> held = locked_in_id_order(t, unnest_pairs([], [], "p"), "held")
+        >>> sql = str(select(held).compile(dialect=postgresql.dialect()))
+        >>> "ORDER BY jobs.id FOR UPDATE OF jobs" in sql
+        True
+    """
+    return (
+        select(t.c.id, pairs.c.token)
+        .where(t.c.id == pairs.c.id, t.c.lease_token == pairs.c.token, *conditions)
+        .order_by(t.c.id)
+        .with_for_update(of=t)
+        .cte(name)
+    )
 
 
 def in_names(column: ColumnElement[str], names: tuple[str, ...]) -> ColumnElement[bool]:

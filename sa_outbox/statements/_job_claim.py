@@ -23,7 +23,16 @@ from sqlalchemy import (
 from .._clock import Clock
 from .._validation import count, duration, name_filter, text
 from ..schema import JobStatus
-from ._common import as_uuid, id_token_pairs, in_names, interval, now_of, table_of, unnest_pairs
+from ._common import (
+    as_uuid,
+    id_token_pairs,
+    in_names,
+    interval,
+    locked_in_id_order,
+    now_of,
+    table_of,
+    unnest_pairs,
+)
 from ._job_defaults import DEFAULT_LEASE
 
 
@@ -179,15 +188,16 @@ def heartbeat_jobs(
     ids, tokens = id_token_pairs(pairs, "heartbeat pairs")
     t = table_of(target)
     now = now_of(clock)
-    live = unnest_pairs(ids, tokens, "live")
+    live = locked_in_id_order(
+        t,
+        unnest_pairs(ids, tokens, "pairs"),
+        "live",
+        t.c.status == JobStatus.RUNNING,
+        t.c.lease_until > now,
+    )
     return (
         update(t)
-        .where(
-            t.c.id == live.c.id,
-            t.c.lease_token == live.c.token,
-            t.c.status == JobStatus.RUNNING,
-            t.c.lease_until > now,
-        )
+        .where(t.c.id == live.c.id)
         .values(lease_until=now + interval(lease_for), updated_at=now)
         .returning(t.c.id, live.c.token, t.c.lease_until)
     )
@@ -259,15 +269,12 @@ def complete_jobs(
         .table_valued("id", "token")
         .render_derived(name="acks")
     )
+    held = locked_in_id_order(t, acks, "held", t.c.status == JobStatus.RUNNING)
     return (
         update(t)
-        .where(
-            t.c.id == acks.c.id,
-            t.c.lease_token == acks.c.token,
-            t.c.status == JobStatus.RUNNING,
-        )
+        .where(t.c.id == held.c.id)
         .values(status=JobStatus.SUCCEEDED, updated_at=now, **_RELEASED)
-        .returning(t.c.id, acks.c.token)
+        .returning(t.c.id, held.c.token)
     )
 
 

@@ -34,6 +34,7 @@ from ._common import (
     id_token_pairs,
     in_names,
     interval,
+    locked_in_id_order,
     now_of,
     table_of,
     unnest_pairs,
@@ -143,14 +144,12 @@ def release_jobs(
     ids, tokens = id_token_pairs(pairs, "release pairs")
     t = table_of(target)
     now = now_of(clock)
-    held = unnest_pairs(ids, tokens, "held")
+    held = locked_in_id_order(
+        t, unnest_pairs(ids, tokens, "pairs"), "held", t.c.status == JobStatus.RUNNING
+    )
     return (
         update(t)
-        .where(
-            t.c.id == held.c.id,
-            t.c.lease_token == held.c.token,
-            t.c.status == JobStatus.RUNNING,
-        )
+        .where(t.c.id == held.c.id)
         .values(
             status=JobStatus.PENDING,
             attempts=func.greatest(t.c.attempts - 1, 0),
