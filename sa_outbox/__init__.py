@@ -72,11 +72,13 @@ from .relay import (
 from .schema import JobDataclassMixin, JobMixin, JobStatus, OutboxDataclassMixin, OutboxMixin
 from .statements import NewJob
 from .worker import (
+    ALL_KINDS,
     AsyncReclaimer,
     AsyncWorker,
     CancelReason,
     CancelToken,
     CountingMetrics,
+    DatabaseUnreachable,
     InvalidPayload,
     JobApp,
     JobCancelled,
@@ -93,6 +95,7 @@ from .worker import (
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "ALL_KINDS",
     "AsyncJobQueue",
     "AsyncOutbox",
     "AsyncPruner",
@@ -109,6 +112,7 @@ __all__ = [
     "Clock",
     "CountingMetrics",
     "DatabaseClock",
+    "DatabaseUnreachable",
     "EnqueueResult",
     "EventsRejected",
     "FakeClock",

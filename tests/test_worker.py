@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy import Engine, select, text
 
 from sa_outbox import (
+    ALL_KINDS,
     AsyncWorker,
     Backoff,
     CancelReason,
@@ -275,6 +276,11 @@ def test_permanent_errors_fail_at_once(
         for kind in ("rejected", "declared", "parsed", "nobody-handles-this")
     }
     make_worker(app).drain(timeout=WAIT)
+    # By default a worker claims only the kinds it handles: the last one stays pending, for
+    # a worker that knows it (a rolling deploy), until one that claims every kind fails it.
+    unknown = job_row(engine, ids["nobody-handles-this"])
+    assert (unknown.status, unknown.attempts, unknown.last_error) == ("pending", 0, None)
+    make_worker(app, kinds=ALL_KINDS).drain(timeout=WAIT)
 
     assert sorted(ran) == ["declared", "rejected"]  # no handler ran for the other two
     errors = {kind: job_row(engine, job_id).last_error for kind, job_id in ids.items()}
@@ -626,13 +632,13 @@ def test_a_worker_wakes_up_on_notify_not_on_polling(engine: Engine) -> None:
 
 
 def test_notifications_for_other_queues_do_not_wake_a_worker(engine: Engine) -> None:
-    worker = Worker(JobApp(Job), engine, queues=["default", "emails"])
+    worker = Worker(JobApp(Job), engine, queues=["default", "emails"], kinds=ALL_KINDS)
     worker.core.notified = False
     assert not worker.core.on_notify('["images"]')
     assert not worker.core.notified
     assert worker.core.on_notify('["images","emails"]')
     assert worker.core.on_notify("")  # too many queues to name: any worker wakes up
-    assert Worker(JobApp(Job), engine).core.on_notify('["images"]')  # serves every queue
+    assert Worker(JobApp(Job), engine, kinds=ALL_KINDS).core.on_notify('["images"]')  # all queues
 
 
 def test_the_trigger_sends_one_notification_per_statement(engine: Engine, queue: JobQueue) -> None:
@@ -741,7 +747,7 @@ def test_the_worker_vacuums_its_table_past_the_threshold(
 def test_vacuum_none_leaves_the_table_to_autovacuum(
     make_worker: Callable[..., Worker],
 ) -> None:
-    worker = make_worker(JobApp(Job), vacuum=None)
+    worker = make_worker(JobApp(Job), vacuum=None, kinds=ALL_KINDS)
     assert worker.vacuumer is None
     assert worker.vacuum() is None
 

@@ -98,7 +98,8 @@ def test_run_keeps_one_connection_for_its_batches(engine: Engine, database_url: 
         worker_engine.dispose()
     assert jobs_by_status(engine) == {"succeeded": 200}
     assert metrics.writes >= 20  # batches of 10 at most
-    assert len(checkouts) == 1  # one connection for all of them, given back at the end
+    # One for the start-up check (a wrong URL fails there), one for all of the batches.
+    assert len(checkouts) == 2
     assert worker_engine.pool.checkedout() == 0
 
 

@@ -21,20 +21,30 @@ Example:
     Worker(app, engine, queues=["default", "emails"], concurrency=16).run()
 """
 
+from ._driver import ALL_KINDS
 from .aio import AsyncWorker
 from .context import CancelReason, CancelToken, JobContext
-from .errors import InvalidPayload, JobCancelled, JobTimeout, PermanentError, UnknownJobKind
+from .errors import (
+    DatabaseUnreachable,
+    InvalidPayload,
+    JobCancelled,
+    JobTimeout,
+    PermanentError,
+    UnknownJobKind,
+)
 from .metrics import CountingMetrics, JobOutcome, WorkerMetrics
 from .reclaimer import AsyncReclaimer, Reclaimer
 from .registry import Handler, HandlerSpec, JobApp, backoff_wait
 from .sync import Worker
 
 __all__ = [
+    "ALL_KINDS",
     "AsyncReclaimer",
     "AsyncWorker",
     "CancelReason",
     "CancelToken",
     "CountingMetrics",
+    "DatabaseUnreachable",
     "Handler",
     "HandlerSpec",
     "InvalidPayload",

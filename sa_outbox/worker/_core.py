@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import statements as st
-from .._exceptions import LeaseLost
+from .._exceptions import InvalidArgument, InvalidArgumentType, LeaseLost
 from ..queue._executors import Op, _JobOps
 from ..queue._results import BatchResult, ClaimedJob
 from ..schema import JobStatus
@@ -306,9 +306,11 @@ class Core:
             self.add(Result(entry, Action.COMPLETE, seconds=seconds))
         elif isinstance(error, JobCancelled) and cancel.cancelled:
             self.add(Result(entry, Action.RELEASE, seconds=seconds))
-        elif isinstance(error, PermanentError) or (
+        elif isinstance(error, PermanentError | InvalidArgument | InvalidArgumentType) or (
             spec is not None and spec.permanent and isinstance(error, spec.permanent)
         ):
+            # InvalidArgument*: the library refused the handler's own input (a follow-up job
+            # with a bad payload, say); the same run would be refused again.
             self.add(
                 Result(
                     entry,
@@ -479,6 +481,28 @@ class Core:
                     (result.error or "").splitlines()[0],
                 )
             self.hook("job_finished", entry.job.kind, outcome, result.seconds)
+
+    def isolate(self, results: Sequence[Result], error: BaseException) -> list[list[Result]] | None:
+        """A write of ``results`` was refused for its values (`is_bad_data`: a follow-up job
+        the database would not take, say): what to write instead, group by group.
+
+        Several results are tried one by one, so only the culprit is affected; a single
+        completion with follow-up jobs becomes a permanent failure that records the
+        database's refusal. ``None``: nothing to isolate, the error stands.
+        """
+        if len(results) > 1:
+            return [[result] for result in results]
+        [result] = results
+        if result.action is Action.COMPLETE and result.entry.context.has_followups:
+            text = error_text(error, self.settings.max_error_chars)
+            log.warning(
+                "job %s (%s): its follow-up jobs were refused by the database; it fails: %s",
+                result.entry.job.id,
+                result.entry.job.kind,
+                text.splitlines()[0],
+            )
+            return [[Result(result.entry, Action.FAIL, text, None, result.seconds)]]
+        return None
 
     def dropped(self, results: Sequence[Result]) -> None:
         """Results that could not be written (the database stayed away): the leases expire

@@ -16,17 +16,25 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from .._clock import Clock
-from .._exceptions import InvalidArgumentType
+from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._sqlstate import is_configuration_error
 from ..maintenance._retention import PruneReport, Retention
 from ..maintenance._vacuum import DEFAULT_VACUUM, VacuumPolicy, VacuumReport
 from ..queue._executors import _JobOps
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result
-from ._settings import Settings, jittered, log, make_settings
+from ._settings import Settings, jittered, log, make_settings, seconds
+from .errors import DatabaseUnreachable
 from .metrics import WorkerMetrics
 from .registry import JobApp
 
 E = TypeVar("E")
+
+#: ``kinds=ALL_KINDS``: claim jobs of every kind, and fail those with no handler at once
+#: (by default a worker claims only the kinds it has handlers for).
+ALL_KINDS: Any = "*"
+#: How long `run` waits for a first connection before it gives up (a wrong host or port).
+DEFAULT_STARTUP_TIMEOUT = 10.0
 
 #: The keeper's chores, in the order it runs those that are due.
 Chore = Literal["heartbeat", "reclaim", "vacuum", "prune"]
@@ -102,6 +110,11 @@ class KeeperPlan:
         return min(self.next_beat, self.next_reclaim)
 
 
+def _every_kind(kinds: object) -> bool:
+    # ALL_KINDS, or the CLI's ``--kinds '*'`` (a list of one name).
+    return kinds == ALL_KINDS or (isinstance(kinds, list | tuple) and list(kinds) == [ALL_KINDS])
+
+
 class DriverBase(Generic[E]):
     """The options, state and decisions of a worker, for its sync and async drivers."""
 
@@ -136,6 +149,7 @@ class DriverBase(Generic[E]):
         timer: Callable[[], float] = time.monotonic,
         install_signal_handlers: bool = True,
         max_error_chars: int = 4000,
+        startup_timeout: dt.timedelta | float = DEFAULT_STARTUP_TIMEOUT,
     ) -> None:
         if not isinstance(app, JobApp):
             raise InvalidArgumentType(f"{self.name} needs a JobApp, got {type(app).__name__}")
@@ -146,7 +160,7 @@ class DriverBase(Generic[E]):
         self.settings = make_settings(
             worker_id=worker_id,
             queues=queues,
-            kinds=kinds,
+            kinds=None if _every_kind(kinds) else kinds,
             concurrency=concurrency,
             batch=batch,
             prefetch=prefetch,
@@ -161,6 +175,15 @@ class DriverBase(Generic[E]):
             reclaim_interval=reclaim_interval,
             max_error_chars=max_error_chars,
         )
+        if kinds is None:
+            # By default a worker claims only the kinds it has handlers for: in a rolling
+            # deploy, an old worker leaves a new kind's jobs pending for the new workers.
+            if not app.kinds:
+                raise InvalidArgument(
+                    f"{self.name}: the JobApp has no handlers; register one with "
+                    "@app.handler(kind) first, or name kinds=ALL_KINDS to fail every job"
+                )
+            self.settings = dataclasses.replace(self.settings, kinds=tuple(sorted(app.kinds)))
         ops = _JobOps(
             app.model,
             clock=clock,
@@ -175,6 +198,7 @@ class DriverBase(Generic[E]):
         self._give_up_at: float | None = None
         self._grace_over: float | None = None
         self._running = False
+        self._startup_timeout = seconds(startup_timeout, "startup_timeout", allow_zero=True)
         self._setup(clock=clock, metrics=metrics, retention=retention, vacuum=vacuum)
         self._next_prune = None if retention is None else timer() + self._prune_wait(retention)
 
@@ -200,6 +224,17 @@ class DriverBase(Generic[E]):
 
     def __repr__(self) -> str:
         return f"{self.name}({self.app!r}, worker_id={self.worker_id!r})"
+
+    def _startup_error(self, error: BaseException) -> DatabaseUnreachable:
+        url = getattr(self.engine, "url", None)
+        where = url.render_as_string(hide_password=True) if url is not None else "the database"
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if is_configuration_error(error):
+            return DatabaseUnreachable(f"{self.name} cannot use {where}: {reason}")
+        return DatabaseUnreachable(
+            f"{self.name} could not connect to {where} within {self._startup_timeout:g} s "
+            f"(startup_timeout): {reason}"
+        )
 
     def _log_start(self) -> None:
         s = self.settings

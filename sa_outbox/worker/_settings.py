@@ -15,10 +15,9 @@ import uuid
 from collections.abc import Sequence
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._sqlstate import is_transient as is_transient
 from .._validation import count, duration, name_filter, text
 
 log = logging.getLogger("sa_outbox.worker")
@@ -47,7 +46,7 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def _seconds(value: dt.timedelta | float, what: str, *, allow_zero: bool = False) -> float:
+def seconds(value: dt.timedelta | float, what: str, *, allow_zero: bool = False) -> float:
     return duration(value, what, allow_zero=allow_zero).total_seconds()
 
 
@@ -95,11 +94,11 @@ def make_settings(
     workers = count(concurrency, "concurrency", maximum=1000)
     size = count(batch if batch is not None else max(workers, DEFAULT_BATCH), "batch")
     ahead = None if prefetch is None else count(prefetch, "prefetch", minimum=0)
-    lease_s = _seconds(lease, "lease")
+    lease_s = seconds(lease, "lease")
     beat = (
         lease_s / 3
         if heartbeat_interval is None
-        else _seconds(heartbeat_interval, "heartbeat_interval")
+        else seconds(heartbeat_interval, "heartbeat_interval")
     )
     if beat >= lease_s:
         raise InvalidArgument(
@@ -110,7 +109,7 @@ def make_settings(
         reclaim_s = (
             lease_s / 2
             if reclaim_interval is None
-            else _seconds(reclaim_interval, "reclaim_interval")
+            else seconds(reclaim_interval, "reclaim_interval")
         )
     return Settings(
         worker_id=text(worker_id if worker_id is not None else default_worker_id(), "worker_id"),
@@ -121,33 +120,14 @@ def make_settings(
         prefetch=ahead,
         lease=lease_s,
         heartbeat_interval=beat,
-        poll_interval=_seconds(poll_interval, "poll_interval"),
+        poll_interval=seconds(poll_interval, "poll_interval"),
         listen=bool(listen),
-        ack_delay=_seconds(ack_delay, "ack_delay", allow_zero=True),
+        ack_delay=seconds(ack_delay, "ack_delay", allow_zero=True),
         ack_batch=count(ack_batch if ack_batch is not None else size, "ack_batch"),
-        grace=_seconds(grace, "grace", allow_zero=True),
+        grace=seconds(grace, "grace", allow_zero=True),
         reclaim_interval=reclaim_s,
         max_error_chars=count(max_error_chars, "max_error_chars", minimum=100, maximum=1 << 20),
     )
-
-
-def is_transient(error: BaseException) -> bool:
-    """Whether a database error is worth retrying after a reconnect (connection lost, server
-    restarting or refusing connections, serialization failure, pool timeout).
-
-    Example:
-        >>> is_transient(ValueError("no"))
-        False
-    """
-    if isinstance(error, DBAPIError) and error.connection_invalidated:
-        return True
-    if isinstance(error, OperationalError | InterfaceError | PoolTimeout):
-        return True
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - psycopg is a dependency
-        return False
-    return isinstance(error, psycopg.OperationalError | psycopg.InterfaceError)
 
 
 def error_text(error: BaseException, limit: int) -> str:
@@ -171,7 +151,9 @@ def error_text(error: BaseException, limit: int) -> str:
         head += "\n" + "".join(traceback.format_exception(error)).rstrip()
     if len(head) > limit:
         head = head[: limit - 15].rstrip() + "\n… (truncated)"
-    return head
+    # PostgreSQL's text takes neither NUL nor a lone surrogate: an exception's message may.
+    head = head.replace("\x00", "\\x00")
+    return head.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def jittered(seconds: float) -> float:

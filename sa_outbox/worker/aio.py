@@ -12,11 +12,13 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._clock import Clock
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._sqlstate import is_bad_data
 from ..maintenance._retention import AsyncPruner, PruneReport, Retention
 from ..maintenance._vacuum import AsyncVacuumer, VacuumPolicy, VacuumReport
 from ..queue._executors import Op, _adrive
@@ -114,6 +116,11 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         self._give_up_at = None
         self._hard_stop.clear()
         self._keeper_stop.clear()
+        try:
+            await self._connect_first()
+        except BaseException:
+            self._running = False
+            raise
         restore = self._install_signals() if self.install_signal_handlers else None
         s = self.settings
         self._log_start()
@@ -144,6 +151,25 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             self.close()
             self._running = False
             log.info("async worker %s stopped", s.worker_id)
+
+    async def _connect_first(self) -> None:
+        # A wrong URL fails here, in one line; an outage later is ridden out.
+        deadline = time.monotonic() + self._startup_timeout
+
+        async def attempt() -> None:
+            async with self.engine.connect():
+                pass
+
+        try:
+            await async_call_retrying(
+                attempt,
+                "connect",
+                stop=lambda: self._hard_stop.is_set() or time.monotonic() >= deadline,
+                sleep=self._sleep,
+                report=self._report_error,
+            )
+        except Exception as exc:
+            raise self._startup_error(exc) from exc
 
     async def _loop(self) -> None:
         self._grace_over = None
@@ -187,12 +213,20 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 lambda: self.core.write_op(results, claim),
                 autocommit=self.core.one_statement(results),
             )
-        except BaseException:
-            self.core.dropped(results)
-            raise
+        except BaseException as exc:
+            groups = self.core.isolate(results, exc) if is_bad_data(exc) else None
+            if groups is None:
+                self.core.dropped(results)
+                raise
+        else:
+            groups = None
         finally:
             if not self._hold:
                 await self._held.release()
+        if groups is not None:  # the database refused some result's values: try them apart
+            for group in groups:
+                await self._write(group, 0)
+            return await self._write([], claim) if claim else 0
         self.core.written(written)
         entries = self.core.admit(written.claimed, claim, started, notifications)
         self.core.hook(

@@ -16,7 +16,24 @@ from __future__ import annotations
 
 from .._exceptions import SaOutboxError
 
-__all__ = ["InvalidPayload", "JobCancelled", "JobTimeout", "PermanentError", "UnknownJobKind"]
+__all__ = [
+    "DatabaseUnreachable",
+    "InvalidPayload",
+    "JobCancelled",
+    "JobTimeout",
+    "PermanentError",
+    "UnknownJobKind",
+]
+
+
+class DatabaseUnreachable(SaOutboxError):
+    """A worker could not use its database at start-up: a wrong URL, role or password, or
+    no answer within ``startup_timeout``. Outages after the first connection are ridden out.
+
+    Example:
+        >>> str(DatabaseUnreachable("Worker cannot use postgresql://app@db:5999/app: refused"))
+        'Worker cannot use postgresql://app@db:5999/app: refused'
+    """
 
 
 class PermanentError(SaOutboxError):

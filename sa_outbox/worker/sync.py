@@ -13,6 +13,7 @@ import functools
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ from sqlalchemy import Engine
 
 from .._clock import Clock
 from .._exceptions import InvalidArgument
+from .._sqlstate import is_bad_data
 from ..maintenance._retention import Pruner, PruneReport, Retention
 from ..maintenance._vacuum import Vacuumer, VacuumPolicy, VacuumReport
 from ..queue._executors import Op, _drive
@@ -147,6 +149,12 @@ class Worker(DriverBase[Engine]):
             self._stop_requested = False
             self._give_up_at = None
             self._hard_stop.clear()
+        try:
+            self._connect_first()
+        except BaseException:
+            with self._cond:
+                self._running = False
+            raise
         restore = self._install_signals() if self.install_signal_handlers else None
         keeper = threading.Thread(target=self._keep, name="sa-outbox-keeper", daemon=True)
         keeper_stop = self._keeper_stop = threading.Event()
@@ -172,6 +180,25 @@ class Worker(DriverBase[Engine]):
             with self._cond:
                 self._running = False
             log.info("worker %s stopped", s.worker_id)
+
+    def _connect_first(self) -> None:
+        # A wrong URL fails here, in one line; an outage later is ridden out.
+        deadline = time.monotonic() + self._startup_timeout
+
+        def attempt() -> None:
+            with self.engine.connect():
+                pass
+
+        try:
+            call_retrying(
+                attempt,
+                "connect",
+                stop=lambda: self._hard_stop.is_set() or time.monotonic() >= deadline,
+                sleep=self._sleep,
+                report=self._report_error,
+            )
+        except Exception as exc:
+            raise self._startup_error(exc) from exc
 
     def _loop(self) -> None:
         self._grace_over = None
@@ -209,13 +236,22 @@ class Worker(DriverBase[Engine]):
             written: Written = self._database(
                 "write", lambda: self.core.write_op(results, claim), autocommit=autocommit
             )
-        except Exception:
+        except Exception as exc:
             with self._cond:
-                self.core.dropped(results)
-            raise
+                groups = self.core.isolate(results, exc) if is_bad_data(exc) else None
+                if groups is None:
+                    self.core.dropped(results)
+            if groups is None:
+                raise
+        else:
+            groups = None
         finally:
             if not self._hold:
                 self._held.release()
+        if groups is not None:  # the database refused some result's values: try them apart
+            for group in groups:
+                self._write(group, 0)
+            return self._write([], claim) if claim else 0
         elapsed = self.timer() - started
         with self._cond:
             self.core.written(written)

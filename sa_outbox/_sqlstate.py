@@ -1,0 +1,104 @@
+"""What a database error means for the code that met it, by SQLSTATE (PostgreSQL's codes).
+
+Three answers, used by every runtime that talks to the database on its own:
+
+- `is_transient`: worth retrying after a wait (the connection was lost; the server is
+  restarting, shutting down or refusing connections; a serialization failure or deadlock;
+  a lock or statement timeout; too many connections). A worker rides these out.
+- `is_configuration_error`: the database, the role or the password is wrong: retrying
+  cannot help, and a worker stops at start-up with a one-line message.
+- `is_bad_data`: the statement's own values were refused (data exceptions, program limits
+  such as an over-long index entry, integrity violations): the job that produced them fails,
+  the others go on.
+
+Errors met while connecting carry no SQLSTATE (libpq reports them as text), so those are
+told apart by the server's message.
+
+Example:
+    >>> is_transient(ValueError("no"))
+    False
+    >>> sqlstate_of(ValueError("no")) is None
+    True
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+__all__ = ["is_bad_data", "is_configuration_error", "is_transient", "sqlstate_of"]
+
+#: Classes and codes worth a retry: 08 connection exceptions; 40001 serialization failure,
+#: 40P01 deadlock; 53300 too many connections; 55P03 lock not available (lock_timeout);
+#: 57014 query canceled (statement_timeout); 57P01-03 admin/crash shutdown, cannot connect now.
+_TRANSIENT_CLASSES = frozenset({"08"})
+_TRANSIENT_CODES = frozenset(
+    {"40001", "40P01", "53300", "55P03", "57014", "57P01", "57P02", "57P03"}
+)
+#: 22 data exception, 23 integrity constraint violation, 54 program limit exceeded.
+_BAD_DATA_CLASSES = frozenset({"22", "23", "54"})
+#: 28 invalid authorization, 3D000 invalid catalog name (no such database).
+_CONFIGURATION_CLASSES = frozenset({"28"})
+_CONFIGURATION_CODES = frozenset({"3D000"})
+#: What the server says, at connection time, when the URL names the wrong thing.
+_CONFIGURATION_MESSAGE = re.compile(
+    r'FATAL:\s+(database ".*" does not exist|role ".*" does not exist'
+    r"|password authentication failed|no pg_hba\.conf entry)"
+)
+
+
+def sqlstate_of(error: BaseException) -> str | None:
+    """The SQLSTATE of a driver error (or of the one SQLAlchemy wraps), if it has one."""
+    original = error.orig if isinstance(error, DBAPIError) else error
+    state = getattr(original, "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
+def is_configuration_error(error: BaseException) -> bool:
+    """Whether ``error`` says the database URL names a database, role or password that
+    does not work (retrying cannot help).
+
+    Example:
+        >>> is_configuration_error(OSError('FATAL:  database "nope" does not exist'))
+        True
+    """
+    state = sqlstate_of(error)
+    if state is not None:
+        return state[:2] in _CONFIGURATION_CLASSES or state in _CONFIGURATION_CODES
+    return _CONFIGURATION_MESSAGE.search(str(error)) is not None
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a database error is worth retrying after a wait (see the module's doc).
+
+    Example:
+        >>> is_transient(PoolTimeout("QueuePool limit reached"))
+        True
+    """
+    if isinstance(error, PoolTimeout):
+        return True
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    state = sqlstate_of(error)
+    if state is not None:
+        return state[:2] in _TRANSIENT_CLASSES or state in _TRANSIENT_CODES
+    if is_configuration_error(error):
+        return False
+    # No SQLSTATE: an error of the connection itself (refused, reset, closed, timed out).
+    return isinstance(
+        error, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError
+    )
+
+
+def is_bad_data(error: BaseException) -> bool:
+    """Whether the database refused a statement's own values (see the module's doc).
+
+    Example:
+        >>> is_bad_data(ValueError("no"))
+        False
+    """
+    state = sqlstate_of(error)
+    return state is not None and state[:2] in _BAD_DATA_CLASSES
