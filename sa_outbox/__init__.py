@@ -19,6 +19,7 @@ Example:
 
 from ._backoff import Backoff
 from ._clock import Clock, DatabaseClock, FakeClock
+from ._connect_args import connect_args
 from ._embedded import embedded_database_url
 from ._exceptions import (
     InvalidArgument,
@@ -163,6 +164,7 @@ __all__ = [
     "XminHolder",
     "__version__",
     "amaintain_partitions",
+    "connect_args",
     "decode_event",
     "embedded_database_url",
     "enqueue",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import logging
 import os
 import signal
 import threading
@@ -127,10 +128,22 @@ def main() -> None:
     parser.add_argument("--clock", help="ISO time of a FakeClock (default: the database's)")
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--mode", choices=["drain", "run"], default="drain")
+    parser.add_argument("--poll-interval", type=float, default=1.0)
+    parser.add_argument("--quiet", action="store_true", help="no LISTEN, reclaimer nor vacuum")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     engine = create_engine(args.database_url)
     clock = FakeClock(dt.datetime.fromisoformat(args.clock)) if args.clock else None
-    worker = Worker(app, engine, lease=args.lease, clock=clock, listen=args.mode == "run")
+    quiet = {"reclaim": False, "vacuum": None} if args.quiet else {}
+    worker = Worker(
+        app,
+        engine,
+        lease=args.lease,
+        clock=clock,
+        listen=args.mode == "run" and not args.quiet,
+        poll_interval=args.poll_interval,
+        **quiet,  # type: ignore[arg-type]
+    )
     if args.mode == "drain":
         worker.drain()
     else:

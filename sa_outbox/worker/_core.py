@@ -615,9 +615,12 @@ class Core:
             due.append(self.next_poll)
         if self.first_result_at is not None:
             due.append(self.first_result_at + self.settings.ack_delay)
-        due.extend(
-            e.deadline
-            for e in self.in_flight.values()
-            if e.deadline is not None and e.running and not e.abandoned
-        )
+        for e in self.in_flight.values():
+            if e.running and not e.abandoned:
+                # A timeout, and the local lease end: the keeper may be stuck in a heartbeat
+                # that a dead network never answers; the loop then cancels by its own clock.
+                if e.deadline is not None:
+                    due.append(e.deadline)
+                if not e.context.cancel.cancelled:
+                    due.append(e.lease_deadline)
         return max(0.0, min(due) - now) if due else None

@@ -59,6 +59,19 @@ class Step:
     cancel: list[Entry] = dataclasses.field(default_factory=list)
 
 
+class Interrupted(BaseException):
+    """Raised by a driver's signal handler to break out of a statement that hangs (a network
+    that dropped the connection without a word): a second SIGTERM, or any during start-up.
+
+    A BaseException, as KeyboardInterrupt is: no ``except Exception`` on the way swallows
+    it, tenacity does not retry it, and SQLAlchemy invalidates the connection it broke.
+
+    Example:
+        >>> issubclass(Interrupted, Exception)
+        False
+    """
+
+
 class KeeperPlan:
     """When the keeper's heartbeat and reclaim are due next (vacuum and prune keep their own
     schedules: `Vacuumer.due`, `DriverBase.prune_due`).
@@ -198,6 +211,10 @@ class DriverBase(Generic[E]):
         self._give_up_at: float | None = None
         self._grace_over: float | None = None
         self._running = False
+        #: Whether the thread that runs `run` waits on the database now, and whether it has
+        #: connected yet: a signal then may interrupt the wait.
+        self._in_database = False
+        self._connected = False
         self._startup_timeout = seconds(startup_timeout, "startup_timeout", allow_zero=True)
         self._setup(clock=clock, metrics=metrics, retention=retention, vacuum=vacuum)
         self._next_prune = None if retention is None else timer() + self._prune_wait(retention)
@@ -273,6 +290,7 @@ class DriverBase(Generic[E]):
             if core.busy == 0 and not core.results:
                 return Step(stop=True)
         expired = core.expire(now)
+        core.expire_leases(now)
         claim = core.claim_size(now)
         if not claim and not core.should_write(now, claim):
             wait = core.next_wakeup(now)
@@ -301,6 +319,34 @@ class DriverBase(Generic[E]):
 
     def _report_error(self, operation: str, error: BaseException) -> None:
         self.core.hook("database_error", operation, error)
+
+    def _interrupt_on_signal(self) -> bool:
+        """After a stop request from a signal: whether to break out of the database wait
+        the signal interrupted (start-up, or a second signal while a statement hangs)."""
+        return self._in_database and (not self._connected or self._hard_stop.is_set())
+
+    def _warn_without_keepalives(self, dbapi_connection: Any) -> None:
+        # libpq reports the parameters it was given; without these, a dropped network holds
+        # a statement for as long as the operating system's TCP settings allow (minutes).
+        info = getattr(dbapi_connection, "info", None)
+        get = getattr(info, "get_parameters", None)
+        if get is None:
+            return
+        given = get()
+        missing = [
+            name
+            for name in ("connect_timeout", "keepalives_idle", "tcp_user_timeout")
+            if name not in given
+        ]
+        if missing:
+            log.warning(
+                "%s %s: the engine's connections have no %s: a dropped network can stall "
+                "heartbeats and writes for minutes; create the engine with "
+                "connect_args=sa_outbox.connect_args() (docs/worker.md)",
+                self.name,
+                self.worker_id,
+                ", ".join(missing),
+            )
 
     def _request_stop(self, now: bool) -> None:
         """Move the deadlines for a stop request (the drivers then wake their loop)."""

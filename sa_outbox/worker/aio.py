@@ -98,6 +98,8 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         self._threads: DaemonPool | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.listener: AsyncListener | None = None
+        self._run_task: asyncio.Task[Any] | None = None
+        self._interrupted = False
         #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
         self.listening = asyncio.Event()
 
@@ -116,6 +118,8 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         self._give_up_at = None
         self._hard_stop.clear()
         self._keeper_stop.clear()
+        self._run_task = asyncio.current_task()
+        self._interrupted = False
         try:
             await self._connect_first()
         except BaseException:
@@ -132,11 +136,24 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             try:
                 await self._loop()
             except asyncio.CancelledError:
-                # The task running us was cancelled: release what we hold, then go.
-                self.stop(now=True)
-                with contextlib.suppress(Exception):
-                    await self._shutdown_now()
-                raise
+                if self._interrupted and self._run_task is not None:
+                    # Our own signal handler broke a statement that hung: nothing more can
+                    # be written on that network; the leases expire instead.
+                    self._run_task.uncancel()
+                    log.warning(
+                        "async worker %s: stopped while a statement hung (a second signal); "
+                        "%d jobs held were not released and run again once their lease "
+                        "expires",
+                        self.worker_id,
+                        self.core.unfinished(),
+                    )
+                    self._cancel(self.core.abandon_running())
+                else:
+                    # The task running us was cancelled: release what we hold, then go.
+                    self.stop(now=True)
+                    with contextlib.suppress(Exception):
+                        await self._shutdown_now()
+                    raise
         finally:
             self._hold = False
             await self._held.release()
@@ -157,8 +174,9 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         deadline = time.monotonic() + self._startup_timeout
 
         async def attempt() -> None:
-            async with self.engine.connect():
-                pass
+            async with self.engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                self._warn_without_keepalives(raw.driver_connection)
 
         try:
             await async_call_retrying(
@@ -170,6 +188,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             )
         except Exception as exc:
             raise self._startup_error(exc) from exc
+        self._connected = True
 
     async def _loop(self) -> None:
         self._grace_over = None
@@ -247,13 +266,17 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             async with self.engine.begin() as conn:
                 return await _adrive(conn, op())
 
-        return await async_call_retrying(
-            attempt,
-            operation,
-            stop=self._stop_retrying,
-            sleep=self._sleep,
-            report=self._report_error,
-        )
+        self._in_database = True
+        try:
+            return await async_call_retrying(
+                attempt,
+                operation,
+                stop=self._stop_retrying,
+                sleep=self._sleep,
+                report=self._report_error,
+            )
+        finally:
+            self._in_database = False
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -426,6 +449,10 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
     def _on_signal(self, signum: int) -> None:
         log.info("async worker %s: %s received", self.worker_id, signal.Signals(signum).name)
         self.stop()
+        if self._interrupt_on_signal() and self._run_task is not None:
+            # The loop waits on a statement that a dead network may never answer.
+            self._interrupted = True
+            self._run_task.cancel()
 
     def close(self) -> None:
         """Stop the handler threads (after their current job); `run` does it on return.

@@ -28,10 +28,11 @@ from ..queue._executors import Op, _drive
 from ..queue._results import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import HeldConnection, can_hold
-from ._driver import Chore, DriverBase, KeeperPlan
+from ._driver import Chore, DriverBase, Interrupted, KeeperPlan
 from ._retry import call_retrying
 from ._settings import check_engine
 from ._threads import DaemonPool
+from .errors import DatabaseUnreachable
 from .listen import Listener
 from .metrics import WorkerMetrics
 from .reclaimer import Reclaimer
@@ -165,7 +166,17 @@ class Worker(DriverBase[Engine]):
             if s.listen:
                 self._start_listener()
             self._hold = can_hold(self.engine)
-            self._loop()
+            try:
+                self._loop()
+            except Interrupted:
+                with self._cond:
+                    unwritten = self.core.unfinished()
+                log.warning(
+                    "worker %s: stopped while a statement hung (a second signal); %d jobs "
+                    "held were not released and run again once their lease expires",
+                    self.worker_id,
+                    unwritten,
+                )
         finally:
             self._hold = False
             self._held.release()
@@ -186,9 +197,10 @@ class Worker(DriverBase[Engine]):
         deadline = time.monotonic() + self._startup_timeout
 
         def attempt() -> None:
-            with self.engine.connect():
-                pass
+            with self.engine.connect() as conn:
+                self._warn_without_keepalives(conn.connection.dbapi_connection)
 
+        self._in_database = True
         try:
             call_retrying(
                 attempt,
@@ -199,6 +211,11 @@ class Worker(DriverBase[Engine]):
             )
         except Exception as exc:
             raise self._startup_error(exc) from exc
+        except Interrupted:
+            raise DatabaseUnreachable(f"{self.name} was stopped while connecting") from None
+        finally:
+            self._in_database = False
+        self._connected = True
 
     def _loop(self) -> None:
         self._grace_over = None
@@ -271,13 +288,19 @@ class Worker(DriverBase[Engine]):
             with self.engine.begin() as conn:
                 return _drive(conn, op())
 
-        return call_retrying(
-            attempt,
-            operation,
-            stop=self._stop_retrying,
-            sleep=self._sleep,
-            report=self._report_error,
-        )
+        main = threading.current_thread() is threading.main_thread()
+        self._in_database = main
+        try:
+            return call_retrying(
+                attempt,
+                operation,
+                stop=self._stop_retrying,
+                sleep=self._sleep,
+                report=self._report_error,
+            )
+        finally:
+            if main:
+                self._in_database = False
 
     def _sleep(self, seconds: float) -> None:
         self._hard_stop.wait(seconds)
@@ -388,6 +411,9 @@ class Worker(DriverBase[Engine]):
         def handler(signum: int, frame: object) -> None:
             log.info("worker %s: %s received", self.worker_id, signal.Signals(signum).name)
             self.stop()
+            if self._interrupt_on_signal():
+                # The loop waits on a statement that a dead network may never answer.
+                raise Interrupted(signal.Signals(signum).name)
 
         for sig in previous:
             signal.signal(sig, handler)

@@ -1,0 +1,162 @@
+"""A worker behind a network that stops answering (issue 18, item 2).
+
+A proxy between the worker and the test server stops forwarding without closing anything
+(`tests.blackhole.BlackholeProxy`), as a network that drops packets does. What must hold:
+a worker started behind it gives up after its ``startup_timeout`` when its engine has a
+``connect_timeout`` (`sa_outbox.connect_args`); a running worker whose keeper is stuck in a
+heartbeat cancels its handlers by its own clock once their lease may have passed; and a
+second SIGTERM stops a worker whose statement hangs. Each test counts the jobs at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import make_url
+
+from sa_outbox import (
+    CancelReason,
+    DatabaseUnreachable,
+    JobApp,
+    JobContext,
+    JobQueue,
+    Worker,
+    connect_args,
+)
+
+from .blackhole import BlackholeProxy
+from .conftest import Job
+from .helpers import jobs_by_status
+from .worker_app import SCHEMA, create_schema, drop_schema
+
+ROOT = Path(__file__).resolve().parent.parent
+WAIT = 20.0
+
+
+@pytest.fixture
+def proxy(database_url: str):
+    url = make_url(database_url)
+    with BlackholeProxy((url.host or "127.0.0.1", url.port or 5432)) as running:
+        yield running
+
+
+def _through(database_url: str, proxy: BlackholeProxy) -> str:
+    url = make_url(database_url).set(host="127.0.0.1", port=proxy.port)
+    return url.render_as_string(hide_password=False)
+
+
+def test_a_worker_started_behind_a_dead_network_gives_up_after_startup_timeout(
+    engine, database_url, proxy
+):
+    with engine.begin() as conn:
+        JobQueue(Job).enqueue(conn, "noop", {})
+    behind = create_engine(
+        _through(database_url, proxy), connect_args=connect_args(connect_timeout=1)
+    )
+    proxy.blackhole()
+    app = JobApp(Job, handlers={"noop": lambda job: None})
+    worker = Worker(app, behind, startup_timeout=1.5, install_signal_handlers=False)
+    try:
+        with pytest.raises(DatabaseUnreachable, match=r"within 1.5 s \(startup_timeout\)"):
+            worker.run()
+    finally:
+        proxy.restore()
+        behind.dispose()
+    assert jobs_by_status(engine) == {"pending": 1}
+
+
+def test_a_stalled_heartbeat_cancels_the_handler_by_the_workers_own_clock(
+    engine, database_url, proxy
+):
+    # No keepalives on purpose: the heartbeat hangs for as long as the network is dead.
+    behind = create_engine(_through(database_url, proxy))
+    started, returned = threading.Event(), threading.Event()
+    reasons: list[CancelReason | None] = []
+    app = JobApp(Job)
+
+    @app.handler("hold")
+    def hold(job: JobContext) -> None:
+        started.set()
+        if job.cancel.wait(WAIT):
+            reasons.append(job.cancel.reason)
+        returned.set()
+        job.cancel.raise_if_cancelled()
+
+    with engine.begin() as conn:
+        JobQueue(Job).enqueue(conn, "hold", {})
+    worker = Worker(
+        app,
+        behind,
+        lease=1.5,
+        concurrency=1,
+        prefetch=0,
+        listen=False,
+        reclaim=False,
+        vacuum=None,
+        install_signal_handlers=False,
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert started.wait(WAIT)
+        proxy.blackhole()  # the next heartbeat is sent and never answered
+        assert returned.wait(WAIT)
+        assert reasons == [CancelReason.LEASE_LOST]
+    finally:
+        proxy.restore()
+        worker.stop(now=True)
+        thread.join(WAIT)
+        behind.dispose()
+    assert not thread.is_alive()
+    assert sum(jobs_by_status(engine).values()) == 1
+
+
+@pytest.fixture
+def worker_schema(engine: Engine):
+    create_schema(engine, audit=False)
+    yield SCHEMA
+    drop_schema(engine)
+
+
+def _wait_for(path: Path, text: str) -> None:
+    # Across processes there is no event to wait on: read the child's log, bounded.
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{text!r} never appeared in the worker's log:\n{path.read_text()}")
+
+
+def test_a_second_sigterm_stops_a_worker_whose_statement_hangs(
+    engine, database_url, proxy, worker_schema, tmp_path
+):
+    log = tmp_path / "worker.log"
+    env = {**os.environ, "SA_OUTBOX_WORKER_SCHEMA": worker_schema, "PYTHONPATH": str(ROOT)}
+    # The only statements of an idle quiet worker are its loop's claims, every 0.1 s.
+    command = [sys.executable, "-m", "tests.worker_app", "--mode", "run", "--quiet"]
+    command += ["--poll-interval", "0.1", "--database-url", _through(database_url, proxy)]
+    with log.open("ab") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+    try:
+        _wait_for(log, "concurrency")  # it connected and started its loop
+        proxy.blackhole()
+        assert proxy.holding.wait(WAIT)  # its next claim was sent and is never answered
+        process.send_signal(signal.SIGTERM)  # graceful: waits for the claim...
+        _wait_for(log, "SIGTERM received")
+        process.send_signal(signal.SIGTERM)  # ... which never returns: break out of it
+        assert process.wait(WAIT) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        proxy.restore()
+    assert "stopped while a statement hung" in log.read_text()
