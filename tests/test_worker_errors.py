@@ -253,3 +253,57 @@ def test_a_worker_claims_the_kinds_it_handles_unless_told_every_kind(engine):
     assert Worker(app, engine, kinds=["*"]).settings.kinds is None  # the CLI's --kinds '*'
     with pytest.raises(InvalidArgument, match="the JobApp has no handlers"):
         Worker(JobApp(Job), engine)
+
+
+def test_a_worker_that_fails_gives_back_the_jobs_it_holds(engine, clock):
+    # A trigger of the user's refuses one completion with an error no worker can ride out
+    # (raise_exception, P0001): run() fails. The jobs it had claimed, running or waiting for
+    # a handler, go back to pending with no attempt counted, instead of waiting out their
+    # lease and losing an attempt each (issue 18, item 7).
+    schema = Job.__table__.schema
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"CREATE FUNCTION {schema}.refuse() RETURNS trigger "
+                "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$"
+            )
+        )
+        conn.execute(
+            text(
+                f"CREATE TRIGGER refuse BEFORE UPDATE ON {TABLE} FOR EACH ROW "
+                "WHEN (NEW.status = 'succeeded' AND NEW.kind = 'boom') "
+                f"EXECUTE FUNCTION {schema}.refuse()"
+            )
+        )
+    app = JobApp(Job)
+    app.register("boom", lambda job: None)
+    app.register("wait", lambda job: job.cancel.wait(WAIT))
+    with engine.begin() as conn:
+        JobQueue(Job, clock=clock).enqueue_many(
+            conn, [NewJob("boom", {})] + [NewJob("wait", {"n": i}) for i in range(5)]
+        )
+    worker = Worker(
+        app,
+        engine,
+        concurrency=2,
+        batch=6,
+        prefetch=4,
+        listen=False,
+        reclaim=False,
+        vacuum=None,
+        clock=clock,
+        install_signal_handlers=False,
+    )
+    try:
+        with pytest.raises(Exception, match="refused by a trigger"):
+            worker.run()
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TRIGGER refuse ON {TABLE}"))
+            conn.execute(text(f"DROP FUNCTION {schema}.refuse()"))
+    with engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT kind, status, attempts FROM {TABLE}")).all()
+    assert sorted(tuple(row) for row in rows) == [
+        ("boom", "running", 1),  # its completion never committed: its lease will expire
+        *[("wait", "pending", 0)] * 5,  # running or claimed ahead: given back, no attempt
+    ]

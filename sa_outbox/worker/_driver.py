@@ -299,6 +299,18 @@ class DriverBase(Generic[E]):
             return Step(idle=True, wait=wait, cancel=expired)
         return Step(results=core.take_results(), claim=claim, cancel=expired)
 
+    def _results_to_release(self) -> tuple[list[Result], list[Entry]]:
+        """``run`` is failing: the releases of the jobs claimed but not started (no attempt
+        counted) and of those running (returned too, to cancel), with what had finished;
+        their write is retried for a few seconds only."""
+        core = self.core
+        if not core.stopping:
+            core.begin_shutdown()
+        abandoned = core.abandon_running()
+        self._stop_requested = True
+        self._give_up_at = self.timer() + 5.0
+        return core.take_results(), abandoned
+
     def _may_give_up(self, exc: BaseException) -> bool:
         """Whether a write that failed with ``exc`` is abandoned (only once stopping)."""
         if not self._stop_retrying():

@@ -154,6 +154,9 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                     with contextlib.suppress(Exception):
                         await self._shutdown_now()
                     raise
+            except Exception:
+                await self._release_after_failure()
+                raise
         finally:
             self._hold = False
             await self._held.release()
@@ -168,6 +171,17 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             self.close()
             self._running = False
             log.info("async worker %s stopped", s.worker_id)
+
+    async def _release_after_failure(self) -> None:
+        # run() is failing: give back what was claimed but never started (see Worker's).
+        results, abandoned = self._results_to_release()
+        self._cancel(abandoned)
+        if not results:
+            return
+        try:
+            await self._write(results, 0)
+        except Exception as exc:
+            log.warning("async worker %s: could not release its jobs (%s)", self.worker_id, exc)
 
     async def _connect_first(self) -> None:
         # A wrong URL fails here, in one line; an outage later is ridden out.

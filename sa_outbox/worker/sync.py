@@ -177,6 +177,9 @@ class Worker(DriverBase[Engine]):
                     self.worker_id,
                     unwritten,
                 )
+            except Exception:
+                self._release_after_failure()
+                raise
         finally:
             self._hold = False
             self._held.release()
@@ -191,6 +194,18 @@ class Worker(DriverBase[Engine]):
             with self._cond:
                 self._running = False
             log.info("worker %s stopped", s.worker_id)
+
+    def _release_after_failure(self) -> None:
+        # run() is failing: give back what was claimed but never started (and stop what
+        # runs), so those jobs need not wait for their lease and lose no attempt.
+        with self._cond:
+            results, _ = self._results_to_release()
+        if not results:
+            return
+        try:
+            self._write(results, 0)
+        except Exception as exc:
+            log.warning("worker %s: could not release its jobs (%s)", self.worker_id, exc)
 
     def _connect_first(self) -> None:
         # A wrong URL fails here, in one line; an outage later is ridden out.
