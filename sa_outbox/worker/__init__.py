@@ -35,6 +35,7 @@ from .errors import (
 from .metrics import CountingMetrics, JobOutcome, WorkerMetrics
 from .reclaimer import AsyncReclaimer, Reclaimer
 from .registry import Handler, HandlerSpec, JobApp, backoff_wait
+from .supervisor import Supervisor
 from .sync import Worker
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "JobTimeout",
     "PermanentError",
     "Reclaimer",
+    "Supervisor",
     "UnknownJobKind",
     "Worker",
     "WorkerMetrics",
