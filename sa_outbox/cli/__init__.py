@@ -53,7 +53,15 @@ Example:
     ('myapp.tasks:app', ['default', 'emails'], 16)
 """
 
-from ._common import ENV_DATABASE_URL, CommandError, database_url, load_table, parse_duration
+from ._common import (
+    ENV_DATABASE_URL,
+    CommandError,
+    database_url,
+    load_table,
+    parse_duration,
+    positive_seconds,
+    seconds_or_zero,
+)
 from ._main import build_parser, main
 from ._worker import load_target
 
@@ -66,4 +74,6 @@ __all__ = [
     "load_target",
     "main",
     "parse_duration",
+    "positive_seconds",
+    "seconds_or_zero",
 ]
