@@ -17,7 +17,7 @@ from sqlalchemy.schema import DropSchema
 
 import sa_outbox
 from sa_outbox import InvalidArgument
-from sa_outbox.cli import ENV_DATABASE_URL, main
+from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL, main
 from sa_outbox.cli import _common as cli_common
 from sa_outbox.cli import _main as cli_main
 from sa_outbox.cli import database_url as parse_url
@@ -45,6 +45,7 @@ def demo_engine(database_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def no_env_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    monkeypatch.delenv(ENV_APP_DATABASE_URL, raising=False)
 
 
 def status_counts(engine: Engine) -> dict[str, int]:

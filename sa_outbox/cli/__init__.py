@@ -4,20 +4,22 @@ May import anything in the package; nothing in the package imports it. One modul
 command group: ``_worker``, ``_relay``, ``_maintenance`` (prune, health, partitions),
 ``_main`` (the parser, ``demo`` and `main`), ``_common`` (what they share).
 
+Every command finds the database the same way: ``--database-url URL``, else
+``$SA_OUTBOX_DATABASE_URL``, else ``$DATABASE_URL`` (`given_database_url`); without any,
+``demo`` starts an embedded PostgreSQL and the others refuse to start.
+
 Commands:
 
 ``sa-outbox demo [--database-url URL] [--jobs N]``
     Runs the job queue and the outbox end to end in the schema ``sa_outbox_demo`` (dropped
-    and created again) and prints a summary. The database is ``--database-url``, else
-    ``$SA_OUTBOX_DATABASE_URL``, else an embedded PostgreSQL (``pip install
-    "sa-outbox[embedded]"``).
+    and created again) and prints a summary; with no database URL, on an embedded PostgreSQL
+    (``pip install "sa-outbox[embedded]"``).
 
 ``sa-outbox worker TARGET [--queues a,b] [--concurrency N] [--database-url URL] …``
     Runs a worker for the `JobApp` at ``TARGET`` (``module:attribute``, e.g.
     ``myapp.tasks:app``; the attribute may also be a function returning one) until SIGTERM
     or SIGINT, then shuts down gracefully. An app with ``async def`` handlers runs on
-    `AsyncWorker`, any other on `Worker`. The database is ``--database-url``, else
-    ``$SA_OUTBOX_DATABASE_URL``.
+    `AsyncWorker`, any other on `Worker`.
 
 ``sa-outbox relay TARGET [--once] [--log-level LEVEL]``
     Runs the outbox `Relay` (or `AsyncRelay`) at ``TARGET`` (``module:attribute``, e.g.
@@ -54,9 +56,11 @@ Example:
 """
 
 from ._common import (
+    ENV_APP_DATABASE_URL,
     ENV_DATABASE_URL,
     CommandError,
     database_url,
+    given_database_url,
     load_table,
     parse_duration,
     positive_seconds,
@@ -66,10 +70,12 @@ from ._main import build_parser, main
 from ._worker import load_target
 
 __all__ = [
+    "ENV_APP_DATABASE_URL",
     "ENV_DATABASE_URL",
     "CommandError",
     "build_parser",
     "database_url",
+    "given_database_url",
     "load_table",
     "load_target",
     "main",

@@ -21,6 +21,10 @@ from ..worker import JobApp
 
 #: The environment variable commands read the database URL from when none is given.
 ENV_DATABASE_URL = "SA_OUTBOX_DATABASE_URL"
+#: The application's own variable, read when `ENV_DATABASE_URL` is not set either.
+ENV_APP_DATABASE_URL = "DATABASE_URL"
+#: Where every command looks for the database, in this order, as ``--help`` states it.
+DATABASE_URL_ORDER = f"--database-url URL, else ${ENV_DATABASE_URL}, else ${ENV_APP_DATABASE_URL}"
 
 
 Handler = Callable[[argparse.Namespace], int]
@@ -207,10 +211,33 @@ def parse_duration(value: str) -> dt.timedelta:
         raise argparse.ArgumentTypeError(f"is too large, got {value!r}") from None
 
 
+def given_database_url(given: str | None) -> str | None:
+    """The URL a command uses: ``given`` (its ``--database-url``), else the environment's.
+
+    The order is `DATABASE_URL_ORDER`: ``--database-url``, else ``$SA_OUTBOX_DATABASE_URL``,
+    else ``$DATABASE_URL`` (the variable applications and the README's code read). ``None``
+    when there is none (``demo`` then starts an embedded PostgreSQL; the others refuse).
+
+    Example:
+        >>> given_database_url("postgresql://app@db/app")
+        'postgresql://app@db/app'
+    """
+    for raw in (given, os.environ.get(ENV_DATABASE_URL), os.environ.get(ENV_APP_DATABASE_URL)):
+        if raw:
+            return raw
+    return None
+
+
 def _url_of(args: argparse.Namespace) -> URL:
-    raw = args.database_url or os.environ.get(ENV_DATABASE_URL)
+    return _resolve_url(args.database_url)
+
+
+def _resolve_url(given: str | None) -> URL:
+    raw = given_database_url(given)
     if not raw:
-        raise CommandError(f"give the database with --database-url or ${ENV_DATABASE_URL}")
+        raise CommandError(
+            f"give the database with --database-url, ${ENV_DATABASE_URL} or ${ENV_APP_DATABASE_URL}"
+        )
     return database_url(raw)
 
 
@@ -219,9 +246,11 @@ def _connect(args: argparse.Namespace) -> tuple[URL, Engine]:
     return url, _engine(url)
 
 
-def _add_database_url(parser: argparse.ArgumentParser) -> None:
+def _add_database_url(parser: argparse.ArgumentParser, what: str = "PostgreSQL URL") -> None:
     parser.add_argument(
-        "--database-url", metavar="URL", help=f"PostgreSQL URL (default: ${ENV_DATABASE_URL})"
+        "--database-url",
+        metavar="URL",
+        help=f"{what} (default: ${ENV_DATABASE_URL}, else ${ENV_APP_DATABASE_URL})",
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -13,7 +12,16 @@ from sqlalchemy.exc import DBAPIError
 from .. import __version__
 from .._embedded import embedded_database_url
 from .._exceptions import SaOutboxError
-from ._common import ENV_DATABASE_URL, CommandError, Handler, _engine, database_url
+from ._common import (
+    DATABASE_URL_ORDER,
+    ENV_APP_DATABASE_URL,
+    ENV_DATABASE_URL,
+    CommandError,
+    Handler,
+    _engine,
+    database_url,
+    given_database_url,
+)
 from ._demo import MAX_DEMO_JOBS, format_report, run_demo
 from ._maintenance import _add_health, _add_partitions, _add_prune
 from ._relay import _add_relay
@@ -45,8 +53,8 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--database-url",
         metavar="URL",
         help=(
-            f"PostgreSQL URL (default: ${ENV_DATABASE_URL}; without either, an embedded "
-            'PostgreSQL from pip install "sa-outbox[embedded]")'
+            f"PostgreSQL URL (default: ${ENV_DATABASE_URL}, else ${ENV_APP_DATABASE_URL}; "
+            'without any, an embedded PostgreSQL from pip install "sa-outbox[embedded]")'
         ),
     )
     parser.add_argument(
@@ -61,10 +69,13 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _demo(args: argparse.Namespace) -> int:
-    raw = args.database_url or os.environ.get(ENV_DATABASE_URL)
+    raw = given_database_url(args.database_url)
     embedded = not raw
     if not raw:
-        print(f"no --database-url nor ${ENV_DATABASE_URL}: starting an embedded PostgreSQL")
+        print(
+            f"no --database-url, ${ENV_DATABASE_URL} nor ${ENV_APP_DATABASE_URL}: "
+            "starting an embedded PostgreSQL"
+        )
         with warnings.catch_warnings():
             # platformdirs warns on import when XDG_RUNTIME_DIR is unset; harmless here.
             warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
@@ -96,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sa-outbox",
         description=(
             "A job queue and a transactional outbox in your own PostgreSQL, "
-            "through SQLAlchemy models and Alembic migrations."
+            "through SQLAlchemy models and Alembic migrations. Every command finds the "
+            f"database at {DATABASE_URL_ORDER} (demo, without any: an embedded "
+            "PostgreSQL)."
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
