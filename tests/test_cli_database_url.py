@@ -21,7 +21,7 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.schema import CreateSchema, DropSchema
 
-from sa_outbox import JobMixin, JobQueue, JobStatus
+from sa_outbox import JobMixin, JobQueue, JobStatus, Outbox
 from sa_outbox.cli import (
     ENV_APP_DATABASE_URL,
     ENV_DATABASE_URL,
@@ -31,7 +31,7 @@ from sa_outbox.cli import (
 from sa_outbox.cli._demo import DEMO_SCHEMA, demo_schema_lock
 from sa_outbox.cli._demo import Job as DemoJob
 
-from .conftest import TEST_SCHEMA, Job
+from .conftest import TEST_SCHEMA, Job, OutboxEvent
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTITIONED_SCHEMA = f"cli_url_{os.getpid()}"
@@ -108,6 +108,31 @@ def partitioned(engine: Engine) -> Iterator[None]:
         conn.execute(DropSchema(PARTITIONED_SCHEMA, cascade=True, if_exists=True))
 
 
+@pytest.fixture
+def relay_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module with a relay factory of an engine, publishing to a list."""
+    name = f"relay_factory_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent(
+            """
+            from sqlalchemy import Engine
+
+            from sa_outbox import Relay
+            from sa_outbox.publishers.callable import CallablePublisher
+            from tests.conftest import OutboxEvent
+
+            published = []
+
+            def make_relay(engine: Engine) -> Relay:
+                publisher = CallablePublisher(lambda event: published.append(event.payload))
+                return Relay(engine, OutboxEvent, publisher, listen=False, vacuum=None)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
 def test_the_order_is_the_argument_then_sa_outbox_then_the_application_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -127,6 +152,7 @@ def test_the_help_states_the_order_once(capsys: pytest.CaptureFixture[str]) -> N
     out = " ".join(capsys.readouterr().out.split())
     order = "--database-url URL, else $SA_OUTBOX_DATABASE_URL, else $DATABASE_URL"
     assert out.count(order) == 1
+    assert "relay" in out
 
 
 def test_demo_runs_on_database_url(only_app_url: str, demo_engine: Engine) -> None:
@@ -153,6 +179,18 @@ def test_partitions_maintain_runs_on_database_url(
     target = f"{__name__}:PartitionedJob"
     assert main(["partitions", "maintain", "--table", target]) == 0
     assert capsys.readouterr().out.startswith(f"{PARTITIONED_SCHEMA}.jobs: created ")
+
+
+def test_relay_makes_its_engine_on_database_url(
+    only_app_url: str, engine: Engine, relay_module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with engine.begin() as conn:
+        Outbox(OutboxEvent).append(
+            conn, event_type="Pinged", aggregate_type="ping", aggregate_id=1, payload={"n": 1}
+        )
+    assert main(["relay", f"{relay_module}:make_relay", "--once", "--log-level", "ERROR"]) == 0
+    assert "1 claimed, 1 published" in capsys.readouterr().out
+    assert sys.modules[relay_module].published == [{"n": 1}]
 
 
 def test_the_worker_runs_on_database_url(engine: Engine, database_url: str, tmp_path: Path) -> None:
@@ -229,12 +267,14 @@ def test_sa_outbox_database_url_wins_over_database_url(
         ["prune", "tests.conftest:Job", "--older-than", "1d"],
         ["health", "tests.conftest:Job"],
         ["partitions", "maintain", "--table", "tests.conftest:Job"],
+        ["relay", "{relay_module}:make_relay"],
     ],
     ids=lambda argv: argv[0],
 )
 def test_without_any_url_each_command_names_all_three(
-    no_url: None, argv: list[str], capsys: pytest.CaptureFixture[str]
+    no_url: None, relay_module: str, argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    argv = [arg.replace("{relay_module}", relay_module) for arg in argv]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err == f"sa-outbox {argv[0]}: error: {NO_URL}\n"

@@ -21,11 +21,13 @@ Commands:
     or SIGINT, then shuts down gracefully. An app with ``async def`` handlers runs on
     `AsyncWorker`, any other on `Worker`.
 
-``sa-outbox relay TARGET [--once] [--log-level LEVEL]``
-    Runs the outbox `Relay` (or `AsyncRelay`) at ``TARGET`` (``module:attribute``, e.g.
-    ``myapp.outbox:relay``, or a function returning one) until SIGTERM or SIGINT: claim →
-    publish → mark, in each aggregate's order. ``--once`` runs one cycle and prints what it
-    did. The relay object carries its engine, outbox model and publisher.
+``sa-outbox relay TARGET [--once] [--database-url URL] [--log-level LEVEL]``
+    Runs an outbox `Relay` (or `AsyncRelay`) until SIGTERM or SIGINT: claim → publish →
+    mark, in each aggregate's order. ``--once`` runs one cycle and prints what it did.
+    ``TARGET`` (``module:attribute``) is a function of an engine returning the relay
+    (``myapp.outbox:make_relay``; the command makes the engine on the database URL, an
+    ``AsyncEngine`` if the parameter is annotated so), or a relay object (or a function of
+    no arguments returning one) that carries its own engine: then no URL is read.
 
 ``sa-outbox prune TARGET --older-than 7d [--failed-older-than 30d] [--outbox TARGET] …``
     Deletes finished jobs of the job model at ``TARGET`` (and, with ``--outbox``, published
@@ -67,6 +69,7 @@ from ._common import (
     seconds_or_zero,
 )
 from ._main import build_parser, main
+from ._relay import load_relay_target
 from ._worker import load_target
 
 __all__ = [
@@ -76,6 +79,7 @@ __all__ = [
     "build_parser",
     "database_url",
     "given_database_url",
+    "load_relay_target",
     "load_table",
     "load_target",
     "main",
