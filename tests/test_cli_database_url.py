@@ -152,7 +152,7 @@ def test_the_help_states_the_order_once(capsys: pytest.CaptureFixture[str]) -> N
     out = " ".join(capsys.readouterr().out.split())
     order = "--database-url URL, else $SA_OUTBOX_DATABASE_URL, else $DATABASE_URL"
     assert out.count(order) == 1
-    assert "relay" in out
+    assert "jobs" in out and "relay" in out
 
 
 def test_demo_runs_on_database_url(only_app_url: str, demo_engine: Engine) -> None:
@@ -179,6 +179,16 @@ def test_partitions_maintain_runs_on_database_url(
     target = f"{__name__}:PartitionedJob"
     assert main(["partitions", "maintain", "--table", target]) == 0
     assert capsys.readouterr().out.startswith(f"{PARTITIONED_SCHEMA}.jobs: created ")
+
+
+def test_jobs_enqueue_runs_on_database_url(
+    only_app_url: str, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["jobs", "enqueue", "ping", "--payload", "{}", "--model", "tests.conftest:Job"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("enqueued job ")
+    with engine.connect() as conn:
+        assert JobQueue(Job).counts(conn)[JobStatus.PENDING] == 1
 
 
 def test_relay_makes_its_engine_on_database_url(
@@ -267,6 +277,7 @@ def test_sa_outbox_database_url_wins_over_database_url(
         ["prune", "tests.conftest:Job", "--older-than", "1d"],
         ["health", "tests.conftest:Job"],
         ["partitions", "maintain", "--table", "tests.conftest:Job"],
+        ["jobs", "enqueue", "ping", "--payload", "{}", "--model", "tests.conftest:Job"],
         ["relay", "{relay_module}:make_relay"],
     ],
     ids=lambda argv: argv[0],

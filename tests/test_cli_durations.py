@@ -23,6 +23,7 @@ from sa_outbox.cli import build_parser, main
         (["prune", "m:J", "--older-than", "99999999999w"], "--older-than: is too large"),
         (["prune", "m:J", "--older-than", "1d", "--outbox-older-than", "0s"], "more than zero"),
         (["partitions", "maintain", "--table", "m:J", "--retention", "0h"], "more than zero"),
+        (["jobs", "enqueue", "k", "--payload", "{}", "--model", "m:J", "--delay", "0s"], "zero"),
     ],
 )
 def test_durations_must_be_finite_and_positive(

@@ -2,7 +2,8 @@
 
 May import anything in the package; nothing in the package imports it. One module per
 command group: ``_worker``, ``_relay``, ``_maintenance`` (prune, health, partitions),
-``_main`` (the parser, ``demo`` and `main`), ``_common`` (what they share).
+``_jobs`` (jobs enqueue), ``_main`` (the parser, ``demo`` and `main`), ``_common`` (what
+they share).
 
 Every command finds the database the same way: ``--database-url URL``, else
 ``$SA_OUTBOX_DATABASE_URL``, else ``$DATABASE_URL`` (`given_database_url`); without any,
@@ -28,6 +29,11 @@ Commands:
     (``myapp.outbox:make_relay``; the command makes the engine on the database URL, an
     ``AsyncEngine`` if the parameter is annotated so), or a relay object (or a function of
     no arguments returning one) that carries its own engine: then no URL is read.
+
+``sa-outbox jobs enqueue KIND --payload JSON --model TARGET [--queue Q] [--priority N] …``
+    Adds one job to the job table of the model at ``TARGET`` and prints its id, or that its
+    ``--dedup-key`` was taken and it was skipped; ``--delay 30s`` or ``--run-at ISO``
+    schedule it, ``--json`` prints ``{"id": …, "inserted": …}``.
 
 ``sa-outbox prune TARGET --older-than 7d [--failed-older-than 30d] [--outbox TARGET] …``
     Deletes finished jobs of the job model at ``TARGET`` (and, with ``--outbox``, published

@@ -23,6 +23,7 @@ from ._common import (
     given_database_url,
 )
 from ._demo import MAX_DEMO_JOBS, format_report, run_demo
+from ._jobs import _add_jobs
 from ._maintenance import _add_health, _add_partitions, _add_prune
 from ._relay import _add_relay
 from ._worker import _add_worker
@@ -122,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prune(commands)
     _add_health(commands)
     _add_partitions(commands)
+    _add_jobs(commands)
     return parser
 
 
