@@ -112,7 +112,7 @@ def test_demo_without_a_url_uses_the_embedded_database(
     assert main(["demo", "--jobs", "2"]) == 0
     assert started == [True]
     out = capsys.readouterr().out
-    assert "starting an embedded PostgreSQL" in out
+    assert "starting a temporary embedded PostgreSQL" in out
     assert "look" not in out  # the embedded server stops with the process
     assert status_counts(demo_engine) == {"succeeded": 2, "failed": 1}
 

@@ -7,14 +7,14 @@ they share).
 
 Every command finds the database the same way: ``--database-url URL``, else
 ``$SA_OUTBOX_DATABASE_URL``, else ``$DATABASE_URL`` (`given_database_url`); without any,
-``demo`` starts an embedded PostgreSQL and the others refuse to start.
+``demo`` starts a temporary embedded PostgreSQL and the others refuse to start.
 
 Commands:
 
 ``sa-outbox demo [--database-url URL] [--jobs N]``
     Runs the job queue and the outbox end to end in the schema ``sa_outbox_demo`` (dropped
-    and created again) and prints a summary; with no database URL, on an embedded PostgreSQL
-    (``pip install "sa-outbox[embedded]"``).
+    and created again) and prints a summary; with no database URL, on a temporary embedded
+    PostgreSQL (``pip install "sa-outbox[embedded]"``), stopped and deleted at exit.
 
 ``sa-outbox worker TARGET [--queues a,b] [--concurrency N] [--database-url URL] …``
     Runs a worker for the `JobApp` at ``TARGET`` (``module:attribute``, e.g.

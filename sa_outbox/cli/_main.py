@@ -55,7 +55,8 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="URL",
         help=(
             f"PostgreSQL URL (default: ${ENV_DATABASE_URL}, else ${ENV_APP_DATABASE_URL}; "
-            'without any, an embedded PostgreSQL from pip install "sa-outbox[embedded]")'
+            'without any, a temporary embedded PostgreSQL from pip install "sa-outbox[embedded]", '
+            "stopped and deleted at exit)"
         ),
     )
     parser.add_argument(
@@ -75,7 +76,7 @@ def _demo(args: argparse.Namespace) -> int:
     if not raw:
         print(
             f"no --database-url, ${ENV_DATABASE_URL} nor ${ENV_APP_DATABASE_URL}: "
-            "starting an embedded PostgreSQL"
+            "starting a temporary embedded PostgreSQL"
         )
         with warnings.catch_warnings():
             # platformdirs warns on import when XDG_RUNTIME_DIR is unset; harmless here.
@@ -84,7 +85,10 @@ def _demo(args: argparse.Namespace) -> int:
     url = database_url(raw)
     shown = url.render_as_string(hide_password=True)
     if embedded:
-        shown = f"an embedded PostgreSQL (socket in {url.query.get('host')}, gone at exit)"
+        shown = (
+            f"a temporary embedded PostgreSQL (socket in {url.query.get('host')}, stopped "
+            "and deleted at exit)"
+        )
     engine = _engine(url)
     try:
         report = run_demo(engine, jobs=args.jobs)
@@ -109,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "A job queue and a transactional outbox in your own PostgreSQL, "
             "through SQLAlchemy models and Alembic migrations. Every command finds the "
-            f"database at {DATABASE_URL_ORDER} (demo, without any: an embedded "
+            f"database at {DATABASE_URL_ORDER} (demo, without any: a temporary embedded "
             "PostgreSQL)."
         ),
     )
