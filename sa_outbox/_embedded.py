@@ -74,6 +74,8 @@ _WATCHER = f"import sys; from {__name__} import _watch; _watch(sys.argv[1:])"
 _joined: dict[Path, _Joined] = {}
 _guard = threading.Lock()
 _hooks_installed = False
+#: The pipe a fork's parent waits on until the child took its locks (see `_before_fork`).
+_fork_handshake: tuple[int, int] | None = None
 
 
 def embedded_database_url(data_dir: str | Path | None = None) -> str:
@@ -155,7 +157,11 @@ def _join(pgserver: Any, root: Path, *, temporary: bool) -> _Joined:
         joined.url = f"postgresql+psycopg://postgres@{info.hostname}:{info.port}/postgres"
     if not _hooks_installed:
         atexit.register(_leave_all)
-        os.register_at_fork(after_in_child=_after_fork)
+        os.register_at_fork(
+            before=_before_fork,
+            after_in_parent=_after_fork_in_parent,
+            after_in_child=_after_fork_in_child,
+        )
         _hooks_installed = True
     return joined
 
@@ -197,14 +203,40 @@ def _leave_all() -> None:
             _leave(_joined.popitem()[1])
 
 
-def _after_fork() -> None:
+def _before_fork() -> None:
+    global _fork_handshake
+    _fork_handshake = os.pipe() if _joined else None
+
+
+def _after_fork_in_parent() -> None:
+    # Wait until the child holds its locks (it closes the pipe then, or by dying): a parent
+    # that returned at once could exit and stop the server before the child locked it.
+    global _fork_handshake
+    handshake, _fork_handshake = _fork_handshake, None
+    if handshake is not None:
+        read_fd, write_fd = handshake
+        os.close(write_fd)
+        try:
+            os.read(read_fd, 1)  # end of file: the child is ready
+        finally:
+            os.close(read_fd)
+
+
+def _after_fork_in_child() -> None:
     # Record locks belong to a process: a forked child takes its own, so that the server
     # outlives its parent while the child uses it (closing the inherited descriptor first:
     # closing one would drop the child's locks on the file).
-    for joined in _joined.values():
-        os.close(joined.lock_fd)
-        joined.lock_fd = os.open(joined.root / LOCK_FILE, os.O_RDWR | os.O_CLOEXEC)
-        fcntl.lockf(joined.lock_fd, fcntl.LOCK_SH)
+    global _fork_handshake
+    handshake, _fork_handshake = _fork_handshake, None
+    try:
+        for joined in _joined.values():
+            os.close(joined.lock_fd)
+            joined.lock_fd = os.open(joined.root / LOCK_FILE, os.O_RDWR | os.O_CLOEXEC)
+            fcntl.lockf(joined.lock_fd, fcntl.LOCK_SH)
+    finally:
+        if handshake is not None:
+            os.close(handshake[0])
+            os.close(handshake[1])  # the parent goes on
 
 
 def _stop_if_unused(root: Path, pg_ctl: Path, *, temporary: bool, fd: int | None = None) -> None:
