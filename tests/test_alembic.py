@@ -363,6 +363,46 @@ def test_autogenerate_upgrade_and_downgrade(
     assert_removed(pg, schemas.home)
 
 
+def test_the_readme_env_py_takes_the_url_from_database_url(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    database_url: str,
+    pg: Engine,
+    schemas: Schemas,
+) -> None:
+    """README.md's env.py lines, as written: no sqlalchemy.url in alembic.ini (the
+    template's placeholder stays), the database from ``DATABASE_URL`` alone."""
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"<!-- snippet: readme-env -->\n```\w*\n(.*?)```", readme, re.S)
+    assert found, "README.md has no snippet 'readme-env'"
+    setup = found.group(1)
+    assert snippet("env-url").strip() in setup  # docs/alembic.md shows the same line
+    module = f"models_{uuid.uuid4().hex[:12]}"
+    (tmp_path / f"{module}.py").write_text(snippet("models"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ini = tmp_path / "alembic.ini"
+    command.init(Config(str(ini)), str(tmp_path / "migrations"))
+    env_py = tmp_path / "migrations" / "env.py"
+    env = replace_once(env_py.read_text(), "    fileConfig(config.config_file_name)", "    pass")
+    env_py.write_text(
+        replace_once(env, "target_metadata = None\n", setup.replace("myapp.models", module))
+    )
+    assert "sqlalchemy.url = driver://" in ini.read_text()  # never used: env.py sets it
+    # A URL with a "%" in it (here "%3D" in the options), as URL-encoded passwords have.
+    monkeypatch.setenv("DATABASE_URL", search_path_url(database_url, schemas.home))
+
+    project = Project(Config(str(ini)))
+    first = project.autogenerate("job queue and outbox")
+    assert statements(first, "upgrade") == [
+        "op.create_job_queue('jobs')",
+        "op.create_outbox('outbox')",
+    ]
+    project.upgrade()
+    assert_installed(pg, schemas.home)
+    project.downgrade()
+    assert_removed(pg, schemas.home)
+
+
 @pytest.mark.parametrize("created", ["beforehand", "in the migration"])
 def test_autogenerate_in_a_schema_of_your_own(
     make_project: Callable[..., Project], pg: Engine, schemas: Schemas, created: str

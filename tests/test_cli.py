@@ -17,7 +17,7 @@ from sqlalchemy.schema import DropSchema
 
 import sa_outbox
 from sa_outbox import InvalidArgument
-from sa_outbox.cli import ENV_DATABASE_URL, main
+from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL, main
 from sa_outbox.cli import _common as cli_common
 from sa_outbox.cli import _main as cli_main
 from sa_outbox.cli import database_url as parse_url
@@ -45,6 +45,7 @@ def demo_engine(database_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def no_env_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    monkeypatch.delenv(ENV_APP_DATABASE_URL, raising=False)
 
 
 def status_counts(engine: Engine) -> dict[str, int]:
@@ -111,7 +112,7 @@ def test_demo_without_a_url_uses_the_embedded_database(
     assert main(["demo", "--jobs", "2"]) == 0
     assert started == [True]
     out = capsys.readouterr().out
-    assert "starting an embedded PostgreSQL" in out
+    assert "starting a temporary embedded PostgreSQL" in out
     assert "look" not in out  # the embedded server stops with the process
     assert status_counts(demo_engine) == {"succeeded": 2, "failed": 1}
 

@@ -37,7 +37,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.schema import CreateSchema, DropSchema
+
+from sa_outbox import JobMixin, OutboxMixin
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
@@ -123,6 +126,21 @@ def docs_database(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterato
     admin.dispose()
 
 
+def run_page(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the page's executed blocks, in order, in one fresh module namespace."""
+    runnable = [b for b in blocks(path) if b.info == "python" and not b.snippet]
+    # A real module, so that SQLAlchemy and dataclasses can resolve the page's annotations.
+    page = types.ModuleType("docs_" + re.sub(r"\W", "_", path.stem))
+    monkeypatch.setitem(sys.modules, page.__name__, page)
+    try:
+        for block in runnable:
+            exec(block.compiled(), page.__dict__)
+    finally:
+        for value in list(page.__dict__.values()):
+            if isinstance(value, Engine):
+                value.dispose()
+
+
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_docs_code_runs(path: Path, docs_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
     found = list(blocks(path))
@@ -138,13 +156,35 @@ def test_docs_code_runs(path: Path, docs_database: str, monkeypatch: pytest.Monk
     runnable = [b for b in found if b.info == "python" and not b.snippet]
     if path.relative_to(ROOT).as_posix() in MUST_RUN:
         assert runnable, f"{path.name} has no ```python block left to run"
-    # A real module, so that SQLAlchemy and dataclasses can resolve the page's annotations.
-    page = types.ModuleType("docs_" + re.sub(r"\W", "_", path.stem))
-    monkeypatch.setitem(sys.modules, page.__name__, page)
-    try:
-        for block in runnable:
-            exec(block.compiled(), page.__dict__)
-    finally:
-        for value in list(page.__dict__.values()):
-            if isinstance(value, Engine):
-                value.dispose()
+    run_page(path, monkeypatch)
+
+
+def test_the_readme_runs_again_on_the_same_database(
+    docs_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader runs the README's code twice: the tables, jobs and events of the first run
+    are still there, and the second run must not trip over them."""
+    run_page(ROOT / "README.md", monkeypatch)
+    run_page(ROOT / "README.md", monkeypatch)
+
+
+def test_alembic_md_lists_the_indexes_the_operations_create() -> None:
+    """docs/alembic.md's two bullets name every index of each table, and no other."""
+    text = (ROOT / "docs" / "alembic.md").read_text(encoding="utf-8")
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Job(JobMixin, Base):
+        __tablename__ = "t"
+
+    class OutboxEvent(OutboxMixin, Base):
+        __tablename__ = "t"
+        __table_schema__ = "other"
+
+    for operation, model in (("create_job_queue", Job), ("create_outbox", OutboxEvent)):
+        bullet = re.search(rf"^- `{operation}` (.*?)(?=^- |\Z)", text, re.M | re.S)
+        assert bullet, f"docs/alembic.md has no bullet for {operation}"
+        listed = set(re.findall(r"`\{table\}_(\w+)`", bullet.group(1)))
+        created = {index.name.removeprefix("t_") for index in model.__table__.indexes}
+        assert listed == created, f"{operation}: the page lists {listed}, the table has {created}"

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +31,7 @@ from examples.flask_app import create_app  # noqa: E402
 from examples.flask_app.models import Job, db  # noqa: E402
 
 SCHEMA = f"shop_{os.getpid()}"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -199,3 +211,138 @@ def test_the_flask_relay_command_publishes_to_rabbitmq(app: Any) -> None:
     }
     assert message.type == "OrderPlaced" and message.message_id
     assert client.get("/status.json").json["outbox"] == {"published": 1, "unpublished": 0}
+
+
+# -- the embedded default: one server shared by the app's processes -------------------------
+
+
+@pytest.fixture
+def instance() -> Iterator[Path]:
+    """An instance folder of the test's own (short: the server's socket lives in it)."""
+    folder = Path(tempfile.mkdtemp(prefix="shop-", dir="/tmp"))
+    yield folder
+    stop_leftover_servers(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def stop_leftover_servers(folder: Path) -> None:
+    """Stop a server a failed test may have left (a passing one leaves none)."""
+    pgserver = pytest.importorskip("pgserver")
+    pg_ctl = str(Path(pgserver.__file__).parent / "pginstall/bin/pg_ctl")
+    for pgdata in folder.glob("**/pgdata"):
+        if (pgdata / "postmaster.pid").exists():
+            owner = pgdata.stat().st_uid
+            subprocess.run(
+                [pg_ctl, "-D", str(pgdata), "-m", "immediate", "stop"],
+                user=owner if os.geteuid() == 0 and owner != 0 else None,
+                capture_output=True,
+                check=False,
+            )
+
+
+def flask_command(instance: Path, *args: str) -> list[str]:
+    app = f"examples.flask_app:create_app(instance_path={str(instance)!r})"
+    return [sys.executable, "-m", "flask", "--app", app, *args]
+
+
+def no_url_env() -> dict[str, str]:
+    """The environment of a first try: no database variable at all."""
+    gone = ("DATABASE_URL", "SA_OUTBOX_DATABASE_URL", "AMQP_URL")
+    return {k: v for k, v in os.environ.items() if k not in gone}
+
+
+def processes_naming(folder: Path) -> list[str]:
+    psutil = pytest.importorskip("psutil")
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if str(folder) in line and "create_app" not in line:  # the server and its watchers
+            found.append(line)
+    return found
+
+
+def wait_until(predicate: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what} after {timeout} s")
+        time.sleep(0.05)
+
+
+def served_at(web: subprocess.Popen[str], timeout: float = 120.0) -> str:
+    """The address ``flask run`` prints once it listens (read in a thread, with a deadline)."""
+    lines: queue.Queue[str] = queue.Queue()
+    assert web.stderr is not None
+    threading.Thread(target=lambda: [lines.put(line) for line in web.stderr], daemon=True).start()
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        seen.append(line)
+        if match := re.search(r"Running on (http://127\.0\.0\.1:\d+)", line):
+            return match.group(1)
+    raise AssertionError("flask run did not start:\n" + "".join(seen))
+
+
+def http(method: str, url: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("content-type", "application/json")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_the_worker_sees_the_web_process_job_on_the_embedded_default(instance: Path) -> None:
+    pytest.importorskip("pgserver", reason="the embedded PostgreSQL (the test extra has it)")
+    web = subprocess.Popen(
+        flask_command(instance, "run", "--port", "0"),
+        cwd=ROOT,
+        env=no_url_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        base = served_at(web)
+        order = {"reference": "E-1", "email": "eve@example.com", "total_cents": 4200}
+        placed = http("POST", f"{base}/orders", order)
+        assert http("GET", f"{base}/status.json")["jobs"]["pending"] == 1
+
+        # Another terminal, another process: the same embedded server, the same job.
+        worker = subprocess.run(
+            flask_command(instance, "worker", "--drain"),
+            cwd=ROOT,
+            env=no_url_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert worker.returncode == 0, worker.stderr
+        assert "worked 1 job(s)" in worker.stdout
+        status = http("GET", f"{base}/status.json")
+        assert status["emails_sent"] == 1 and status["jobs"]["succeeded"] == 1
+        assert placed["order_id"] == 1
+    finally:
+        web.send_signal(signal.SIGTERM)  # as a service manager stops it
+        web.wait(60)
+        if web.stderr is not None:
+            web.stderr.close()
+
+    # The last process is gone, killed by a signal: the server stopped, its data stayed.
+    wait_until(lambda: not processes_naming(instance), "the embedded server to stop")
+    assert (instance / "pgdata" / "pgdata" / "PG_VERSION").exists()
+    relay = subprocess.run(
+        flask_command(instance, "relay", "--once"),
+        cwd=ROOT,
+        env=no_url_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert relay.returncode == 0, relay.stderr
+    assert "published 1 event(s)" in relay.stdout  # the order's event, kept across runs
+    wait_until(lambda: not processes_naming(instance), "the embedded server to stop again")

@@ -121,6 +121,7 @@ def test_the_worker_needs_a_database_url(
     tasks_module: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv(cli.ENV_DATABASE_URL, raising=False)
+    monkeypatch.delenv(cli.ENV_APP_DATABASE_URL, raising=False)
     assert main(["worker", f"{tasks_module}:app", "--log-level", "ERROR"]) == 1
     assert "give the database with --database-url" in capsys.readouterr().err
     assert main(["worker", f"{tasks_module}:app", "--database-url", "sqlite://"]) == 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,28 +10,39 @@ from alembic.config import Config
 from flask import Flask
 
 import sa_outbox
+from sa_outbox.cli import given_database_url
 
+from .commands import register
 from .models import Job, db
 from .views import bp
 
 HERE = Path(__file__).parent
+#: Where the app keeps its embedded PostgreSQL when no database URL is given.
+INSTANCE = HERE / "instance"
 
 
-def create_app(database_url: str | None = None, *, migrate: bool = True) -> Flask:
-    """Build the app on ``database_url``, ``$DATABASE_URL``, or an embedded PostgreSQL.
+def create_app(
+    database_url: str | None = None, *, migrate: bool = True, instance_path: str | None = None
+) -> Flask:
+    """Build the app on a database, and bring it to the latest migration (``migrate``).
 
-    With ``migrate`` (the default) the database is brought to the latest migration first.
+    The database is ``database_url``, else ``$SA_OUTBOX_DATABASE_URL``, else
+    ``$DATABASE_URL`` (the order every ``sa-outbox`` command follows), else an embedded
+    PostgreSQL in ``instance_path/pgdata`` (default: ``examples/flask_app/instance``),
+    shared by every ``flask`` process of the app: the web process and the worker in
+    another terminal see the same rows. It stops when the last of them ends; its data
+    stays there for the next run (delete the folder to start afresh).
     """
-    url = database_url or os.environ.get("DATABASE_URL") or sa_outbox.embedded_database_url()
-    app = Flask(__name__)
+    app = Flask(__name__, instance_path=instance_path or str(INSTANCE))
+    url = given_database_url(database_url) or sa_outbox.embedded_database_url(
+        Path(app.instance_path) / "pgdata"
+    )
     app.config["SQLALCHEMY_DATABASE_URI"] = url
     db.init_app(app)
     # One line: domain events added to db.session become outbox rows at flush, and
     # sa_outbox.enqueue(db.session, ...) knows the job model.
     sa_outbox.install(db, job_model=Job)
     app.register_blueprint(bp)
-    from .commands import register
-
     register(app)
     if migrate:
         with app.app_context():

@@ -2,28 +2,38 @@
 
 May import anything in the package; nothing in the package imports it. One module per
 command group: ``_worker``, ``_relay``, ``_maintenance`` (prune, health, partitions),
-``_main`` (the parser, ``demo`` and `main`), ``_common`` (what they share).
+``_jobs`` (jobs enqueue), ``_main`` (the parser, ``demo`` and `main`), ``_common`` (what
+they share).
+
+Every command finds the database the same way: ``--database-url URL``, else
+``$SA_OUTBOX_DATABASE_URL``, else ``$DATABASE_URL`` (`given_database_url`); without any,
+``demo`` starts a temporary embedded PostgreSQL and the others refuse to start.
 
 Commands:
 
 ``sa-outbox demo [--database-url URL] [--jobs N]``
     Runs the job queue and the outbox end to end in the schema ``sa_outbox_demo`` (dropped
-    and created again) and prints a summary. The database is ``--database-url``, else
-    ``$SA_OUTBOX_DATABASE_URL``, else an embedded PostgreSQL (``pip install
-    "sa-outbox[embedded]"``).
+    and created again) and prints a summary; with no database URL, on a temporary embedded
+    PostgreSQL (``pip install "sa-outbox[embedded]"``), stopped and deleted at exit.
 
 ``sa-outbox worker TARGET [--queues a,b] [--concurrency N] [--database-url URL] …``
     Runs a worker for the `JobApp` at ``TARGET`` (``module:attribute``, e.g.
     ``myapp.tasks:app``; the attribute may also be a function returning one) until SIGTERM
     or SIGINT, then shuts down gracefully. An app with ``async def`` handlers runs on
-    `AsyncWorker`, any other on `Worker`. The database is ``--database-url``, else
-    ``$SA_OUTBOX_DATABASE_URL``.
+    `AsyncWorker`, any other on `Worker`.
 
-``sa-outbox relay TARGET [--once] [--log-level LEVEL]``
-    Runs the outbox `Relay` (or `AsyncRelay`) at ``TARGET`` (``module:attribute``, e.g.
-    ``myapp.outbox:relay``, or a function returning one) until SIGTERM or SIGINT: claim →
-    publish → mark, in each aggregate's order. ``--once`` runs one cycle and prints what it
-    did. The relay object carries its engine, outbox model and publisher.
+``sa-outbox relay TARGET [--once] [--database-url URL] [--log-level LEVEL]``
+    Runs an outbox `Relay` (or `AsyncRelay`) until SIGTERM or SIGINT: claim → publish →
+    mark, in each aggregate's order. ``--once`` runs one cycle and prints what it did.
+    ``TARGET`` (``module:attribute``) is a function of an engine returning the relay
+    (``myapp.outbox:make_relay``; the command makes the engine on the database URL, an
+    ``AsyncEngine`` if the parameter is annotated so), or a relay object (or a function of
+    no arguments returning one) that carries its own engine: then no URL is read.
+
+``sa-outbox jobs enqueue KIND --payload JSON --model TARGET [--queue Q] [--priority N] …``
+    Adds one job to the job table of the model at ``TARGET`` and prints its id, or that its
+    ``--dedup-key`` was taken and it was skipped; ``--delay 30s`` or ``--run-at ISO``
+    schedule it, ``--json`` prints ``{"id": …, "inserted": …}``.
 
 ``sa-outbox prune TARGET --older-than 7d [--failed-older-than 30d] [--outbox TARGET] …``
     Deletes finished jobs of the job model at ``TARGET`` (and, with ``--outbox``, published
@@ -53,17 +63,33 @@ Example:
     ('myapp.tasks:app', ['default', 'emails'], 16)
 """
 
-from ._common import ENV_DATABASE_URL, CommandError, database_url, load_table, parse_duration
+from ._common import (
+    ENV_APP_DATABASE_URL,
+    ENV_DATABASE_URL,
+    CommandError,
+    database_url,
+    given_database_url,
+    load_table,
+    parse_duration,
+    positive_seconds,
+    seconds_or_zero,
+)
 from ._main import build_parser, main
+from ._relay import load_relay_target
 from ._worker import load_target
 
 __all__ = [
+    "ENV_APP_DATABASE_URL",
     "ENV_DATABASE_URL",
     "CommandError",
     "build_parser",
     "database_url",
+    "given_database_url",
+    "load_relay_target",
     "load_table",
     "load_target",
     "main",
     "parse_duration",
+    "positive_seconds",
+    "seconds_or_zero",
 ]

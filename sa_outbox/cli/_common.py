@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -20,6 +21,10 @@ from ..worker import JobApp
 
 #: The environment variable commands read the database URL from when none is given.
 ENV_DATABASE_URL = "SA_OUTBOX_DATABASE_URL"
+#: The application's own variable, read when `ENV_DATABASE_URL` is not set either.
+ENV_APP_DATABASE_URL = "DATABASE_URL"
+#: Where every command looks for the database, in this order, as ``--help`` states it.
+DATABASE_URL_ORDER = f"--database-url URL, else ${ENV_DATABASE_URL}, else ${ENV_APP_DATABASE_URL}"
 
 
 Handler = Callable[[argparse.Namespace], int]
@@ -94,17 +99,59 @@ def _not_negative_int(value: str) -> int:
     return number
 
 
-def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
-    def parse(value: str) -> float:
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-        if number <= 0:
-            raise argparse.ArgumentTypeError(f"must be more than zero, got {value}")
-        return number
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than zero, got {value}")
+    return number
 
-    return parse
+
+def _seconds(value: str, *, allow_zero: bool) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, got {value!r}")
+    if number < 0 or (number == 0 and not allow_zero):
+        bound = "0 or more" if allow_zero else "more than zero"
+        raise argparse.ArgumentTypeError(f"must be {bound} seconds, got {value}")
+    try:
+        dt.timedelta(seconds=number)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"is too large, got {value} seconds") from None
+    return number
+
+
+def positive_seconds(value: str) -> float:
+    """A command's number of seconds: finite and more than zero (``nan``, ``inf`` refused).
+
+    Example:
+        >>> positive_seconds("2.5")
+        2.5
+        >>> positive_seconds("inf")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: must be a finite number of seconds, got 'inf'
+    """
+    return _seconds(value, allow_zero=False)
+
+
+def seconds_or_zero(value: str) -> float:
+    """A command's number of seconds where 0 means "none at all": finite and not negative.
+
+    Example:
+        >>> seconds_or_zero("0")
+        0.0
+        >>> seconds_or_zero("nan")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: must be a finite number of seconds, got 'nan'
+    """
+    return _seconds(value, allow_zero=True)
 
 
 def _import_target(target: str) -> object:
@@ -136,7 +183,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_duration(value: str) -> dt.timedelta:
-    """A duration as the commands take it: a whole number and a unit (s, m, h, d, w).
+    """A duration as the commands take it: a whole number above 0 and a unit (s, m, h, d, w).
 
     Example:
         >>> parse_duration("7d"), parse_duration("90s")
@@ -145,20 +192,52 @@ def parse_duration(value: str) -> dt.timedelta:
         Traceback (most recent call last):
         ...
         argparse.ArgumentTypeError: expected a duration like 7d, 12h, 30m or 90s, got '7 days'
+        >>> parse_duration("0d")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: must be more than zero, got '0d'
     """
     text = value.strip().lower()
     number, unit = text[:-1], text[-1:]
-    if unit not in _UNITS or not number.isdigit():
+    if unit not in _UNITS or not (number.isascii() and number.isdigit()):
         raise argparse.ArgumentTypeError(
             f"expected a duration like 7d, 12h, 30m or 90s, got {value!r}"
         )
-    return dt.timedelta(seconds=int(number) * _UNITS[unit])
+    if int(number) == 0:
+        raise argparse.ArgumentTypeError(f"must be more than zero, got {value!r}")
+    try:
+        return dt.timedelta(seconds=int(number) * _UNITS[unit])
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"is too large, got {value!r}") from None
+
+
+def given_database_url(given: str | None) -> str | None:
+    """The URL a command uses: ``given`` (its ``--database-url``), else the environment's.
+
+    The order is `DATABASE_URL_ORDER`: ``--database-url``, else ``$SA_OUTBOX_DATABASE_URL``,
+    else ``$DATABASE_URL`` (the variable applications and the README's code read). ``None``
+    when there is none (``demo`` then starts an embedded PostgreSQL; the others refuse).
+
+    Example:
+        >>> given_database_url("postgresql://app@db/app")
+        'postgresql://app@db/app'
+    """
+    for raw in (given, os.environ.get(ENV_DATABASE_URL), os.environ.get(ENV_APP_DATABASE_URL)):
+        if raw:
+            return raw
+    return None
 
 
 def _url_of(args: argparse.Namespace) -> URL:
-    raw = args.database_url or os.environ.get(ENV_DATABASE_URL)
+    return _resolve_url(args.database_url)
+
+
+def _resolve_url(given: str | None) -> URL:
+    raw = given_database_url(given)
     if not raw:
-        raise CommandError(f"give the database with --database-url or ${ENV_DATABASE_URL}")
+        raise CommandError(
+            f"give the database with --database-url, ${ENV_DATABASE_URL} or ${ENV_APP_DATABASE_URL}"
+        )
     return database_url(raw)
 
 
@@ -167,9 +246,11 @@ def _connect(args: argparse.Namespace) -> tuple[URL, Engine]:
     return url, _engine(url)
 
 
-def _add_database_url(parser: argparse.ArgumentParser) -> None:
+def _add_database_url(parser: argparse.ArgumentParser, what: str = "PostgreSQL URL") -> None:
     parser.add_argument(
-        "--database-url", metavar="URL", help=f"PostgreSQL URL (default: ${ENV_DATABASE_URL})"
+        "--database-url",
+        metavar="URL",
+        help=f"{what} (default: ${ENV_DATABASE_URL}, else ${ENV_APP_DATABASE_URL})",
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -13,8 +12,18 @@ from sqlalchemy.exc import DBAPIError
 from .. import __version__
 from .._embedded import embedded_database_url
 from .._exceptions import SaOutboxError
-from ._common import ENV_DATABASE_URL, CommandError, Handler, _engine, database_url
+from ._common import (
+    DATABASE_URL_ORDER,
+    ENV_APP_DATABASE_URL,
+    ENV_DATABASE_URL,
+    CommandError,
+    Handler,
+    _engine,
+    database_url,
+    given_database_url,
+)
 from ._demo import MAX_DEMO_JOBS, format_report, run_demo
+from ._jobs import _add_jobs
 from ._maintenance import _add_health, _add_partitions, _add_prune
 from ._relay import _add_relay
 from ._worker import _add_worker
@@ -45,8 +54,9 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--database-url",
         metavar="URL",
         help=(
-            f"PostgreSQL URL (default: ${ENV_DATABASE_URL}; without either, an embedded "
-            'PostgreSQL from pip install "sa-outbox[embedded]")'
+            f"PostgreSQL URL (default: ${ENV_DATABASE_URL}, else ${ENV_APP_DATABASE_URL}; "
+            'without any, a temporary embedded PostgreSQL from pip install "sa-outbox[embedded]", '
+            "stopped and deleted at exit)"
         ),
     )
     parser.add_argument(
@@ -61,10 +71,13 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _demo(args: argparse.Namespace) -> int:
-    raw = args.database_url or os.environ.get(ENV_DATABASE_URL)
+    raw = given_database_url(args.database_url)
     embedded = not raw
     if not raw:
-        print(f"no --database-url nor ${ENV_DATABASE_URL}: starting an embedded PostgreSQL")
+        print(
+            f"no --database-url, ${ENV_DATABASE_URL} nor ${ENV_APP_DATABASE_URL}: "
+            "starting a temporary embedded PostgreSQL"
+        )
         with warnings.catch_warnings():
             # platformdirs warns on import when XDG_RUNTIME_DIR is unset; harmless here.
             warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
@@ -72,7 +85,10 @@ def _demo(args: argparse.Namespace) -> int:
     url = database_url(raw)
     shown = url.render_as_string(hide_password=True)
     if embedded:
-        shown = f"an embedded PostgreSQL (socket in {url.query.get('host')}, gone at exit)"
+        shown = (
+            f"a temporary embedded PostgreSQL (socket in {url.query.get('host')}, stopped "
+            "and deleted at exit)"
+        )
     engine = _engine(url)
     try:
         report = run_demo(engine, jobs=args.jobs)
@@ -96,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sa-outbox",
         description=(
             "A job queue and a transactional outbox in your own PostgreSQL, "
-            "through SQLAlchemy models and Alembic migrations."
+            "through SQLAlchemy models and Alembic migrations. Every command finds the "
+            f"database at {DATABASE_URL_ORDER} (demo, without any: a temporary embedded "
+            "PostgreSQL)."
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -109,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prune(commands)
     _add_health(commands)
     _add_partitions(commands)
+    _add_jobs(commands)
     return parser
 
 

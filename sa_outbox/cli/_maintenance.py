@@ -18,7 +18,7 @@ from ._common import (
     _add_log_level,
     _connect,
     _database_error,
-    _positive,
+    _positive_int,
     _setup_logging,
     load_table,
     parse_duration,
@@ -67,14 +67,14 @@ def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--batch",
         metavar="N",
-        type=_positive(int),
+        type=_positive_int,
         default=1000,
         help="rows deleted per transaction (default: %(default)s)",
     )
     parser.add_argument(
         "--progress-every",
         metavar="N",
-        type=_positive(int),
+        type=_positive_int,
         default=10,
         help="print progress every N batches (default: %(default)s)",
     )
@@ -216,7 +216,7 @@ def _add_partitions(commands: argparse._SubParsersAction[argparse.ArgumentParser
     maintain.add_argument(
         "--ahead",
         metavar="N",
-        type=_positive(int),
+        type=_positive_int,
         default=DEFAULT_AHEAD,
         help="partitions kept ready beyond the current one (default: %(default)s)",
     )

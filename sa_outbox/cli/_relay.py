@@ -1,15 +1,46 @@
-"""``sa-outbox relay``: load a `Relay` or `AsyncRelay` and run it."""
+"""``sa-outbox relay``: load a `Relay` or `AsyncRelay`, or make one on a database URL; run it.
+
+TARGET names one of:
+
+- a `Relay` or `AsyncRelay` (``myapp.outbox:relay``): it carries its own engine, so
+  ``--database-url`` is refused and the environment's URL is not read;
+- a function of no arguments returning one (``myapp.outbox:create_relay``): the same;
+- a function of the engine (``myapp.outbox:make_relay``): its one required parameter is
+  annotated ``Engine`` or ``AsyncEngine``, or named ``engine``. The command makes that
+  engine on ``--database-url``, else ``$SA_OUTBOX_DATABASE_URL``, else ``$DATABASE_URL``,
+  and passes it: an ``AsyncEngine`` (for an `AsyncRelay`) when the parameter is annotated
+  so, an ``Engine`` (for a `Relay`) otherwise.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
+import signal
+from collections.abc import Callable
+from typing import Any
 
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from .._exceptions import InvalidArgument
+from .._loading import import_target
 from ..relay import AsyncRelay, Relay, RelayReport
-from ..relay._loader import load_relay
-from ._common import CommandError, _add_log_level, _setup_logging
+from ._common import (
+    CommandError,
+    _add_database_url,
+    _add_log_level,
+    _database_error,
+    _engine,
+    _resolve_url,
+    _setup_logging,
+)
+
+_EXAMPLE = "myapp.outbox:make_relay"
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 def _add_relay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,13 +51,21 @@ def _add_relay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Claim committed outbox events in batches (aggregate by aggregate), publish them "
             "through the relay's publisher in each aggregate's order, mark what the broker "
             "took, back off and park what it keeps rejecting; wake up on NOTIFY. SIGTERM or "
-            "SIGINT finishes the current batch, then stops."
+            "SIGINT finishes the current batch, then stops. TARGET is a function of the "
+            "engine returning the relay (def make_relay(engine: Engine) -> Relay; annotate "
+            "the parameter AsyncEngine for an AsyncRelay): the command makes the engine on "
+            "the database URL. TARGET may also be a Relay or an AsyncRelay (or a function of "
+            "no arguments returning one) that carries its own engine: then no URL is read."
         ),
     )
     parser.add_argument(
-        "target", metavar="TARGET", help="the Relay or AsyncRelay, as module:attribute"
+        "target",
+        metavar="TARGET",
+        help="a function of an engine returning the Relay or AsyncRelay, or the relay "
+        "itself, as module:attribute",
     )
     parser.add_argument("--once", action="store_true", help="run one cycle, print it, exit")
+    _add_database_url(parser, "PostgreSQL URL of the engine given to a TARGET function")
     _add_log_level(parser)
     parser.set_defaults(handler=_relay)
 
@@ -39,23 +78,120 @@ def _format_relay_report(report: RelayReport) -> str:
     return text + (f"; broker unavailable: {report.unavailable}" if report.unavailable else "")
 
 
+def _parameters(function: Callable[..., Any]) -> list[inspect.Parameter]:
+    try:
+        signature = inspect.signature(function, eval_str=True)
+    except NameError:  # an annotation only a type checker can resolve: read its text
+        signature = inspect.signature(function)
+    return list(signature.parameters.values())
+
+
+def _engine_kind(parameter: inspect.Parameter) -> type[Engine] | type[AsyncEngine] | None:
+    """What engine a function's one required parameter asks for (``None``: not an engine)."""
+    annotation = parameter.annotation
+    if annotation is inspect.Parameter.empty:
+        return Engine if parameter.name == "engine" else None
+    if isinstance(annotation, str):  # not resolvable at run time: read its last name
+        annotation = {"Engine": Engine, "AsyncEngine": AsyncEngine}.get(
+            annotation.rpartition(".")[2]
+        )
+    if isinstance(annotation, type) and issubclass(annotation, AsyncEngine):
+        return AsyncEngine
+    if isinstance(annotation, type) and issubclass(annotation, Engine):
+        return Engine
+    return None
+
+
+def _required(parameters: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [
+        p for p in parameters if p.default is inspect.Parameter.empty and p.kind not in variadic
+    ]
+
+
+def _not_a_relay(target: str) -> CommandError:
+    return CommandError(
+        f"{target} is not a Relay or an AsyncRelay, nor a function of an engine (or of no "
+        "arguments) returning one"
+    )
+
+
+def _own_engine(target: str, what: str) -> CommandError:
+    return CommandError(
+        f"--database-url cannot apply to {target}: it is {what} with an engine of its own; "
+        f"name a function of the engine instead (e.g. {_EXAMPLE}, "
+        "def make_relay(engine: Engine) -> Relay)"
+    )
+
+
+def load_relay_target(
+    target: str, database_url: str | None
+) -> tuple[Relay | AsyncRelay, Engine | AsyncEngine | None]:
+    """The relay TARGET names, and the engine the command made for it (``None`` if none).
+
+    ``database_url`` is the ``--database-url`` argument (``None``: the environment's, read
+    only when TARGET is a function of an engine).
+
+    Example:
+        >>> load_relay_target("json:dumps", None)
+        Traceback (most recent call last):
+        ...
+        sa_outbox.cli.CommandError: json:dumps is not a Relay or an AsyncRelay, nor a function of an engine (or of no arguments) returning one
+    """  # noqa: E501 - a doctest's expected output is one line
+    try:
+        found = import_target(target, example="myapp.outbox:relay")
+    except InvalidArgument as exc:
+        raise CommandError(str(exc)) from None
+    if isinstance(found, Relay | AsyncRelay):
+        if database_url:
+            raise _own_engine(target, f"a {type(found).__name__}")
+        return found, None
+    if not inspect.isfunction(found):
+        raise _not_a_relay(target)
+    parameters = _parameters(found)
+    required = _required(parameters)
+    engine: Engine | AsyncEngine | None = None
+    first_only = bool(required) and required == parameters[:1]
+    kind = _engine_kind(required[0]) if first_only and required[0].kind in _POSITIONAL else None
+    if not required:
+        if database_url:
+            raise _own_engine(target, "a function of no arguments")
+        made = found()
+    elif kind is not None:
+        url = _resolve_url(database_url)
+        engine = create_async_engine(url) if kind is AsyncEngine else _engine(url)
+        made = found(engine)
+    else:
+        raise _not_a_relay(target)
+    if not isinstance(made, Relay | AsyncRelay):
+        if engine is not None:
+            _dispose_now(engine)
+        raise _not_a_relay(target)
+    return made, engine
+
+
+def _dispose_now(engine: Engine | AsyncEngine) -> None:
+    if isinstance(engine, AsyncEngine):
+        asyncio.run(engine.dispose())
+    else:
+        engine.dispose()
+
+
 def _relay(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
-    relay = load_relay(args.target)
+    relay, made = load_relay_target(args.target, args.database_url)
     try:
         if isinstance(relay, AsyncRelay):
-            asyncio.run(_run_async_relay(relay, once=args.once))
+            asyncio.run(_run_async_relay(relay, made, once=args.once))
         else:
-            _run_relay(relay, once=args.once)
+            _run_relay(relay, made, once=args.once)
     except DBAPIError as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise CommandError(f"database error: {reason}") from exc
+        url: URL = relay.engine.url
+        raise _database_error(url, exc) from exc
     return 0
 
 
-def _run_relay(relay: Relay, *, once: bool) -> None:
-    import signal
-
+def _run_relay(relay: Relay, made: Engine | AsyncEngine | None, *, once: bool) -> None:
     previous = {
         signum: signal.signal(signum, lambda *_: relay.stop())
         for signum in (signal.SIGTERM, signal.SIGINT)
@@ -70,11 +206,13 @@ def _run_relay(relay: Relay, *, once: bool) -> None:
             signal.signal(signum, handler)
         relay.close()
         relay.engine.dispose()  # the command owns the process: close its connections
+        if made is not None and made is not relay.engine:
+            _dispose_now(made)
 
 
-async def _run_async_relay(relay: AsyncRelay, *, once: bool) -> None:
-    import signal
-
+async def _run_async_relay(
+    relay: AsyncRelay, made: Engine | AsyncEngine | None, *, once: bool
+) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, relay.stop)
@@ -88,3 +226,7 @@ async def _run_async_relay(relay: AsyncRelay, *, once: bool) -> None:
             loop.remove_signal_handler(signum)
         await relay.aclose()
         await relay.engine.dispose()
+        if isinstance(made, AsyncEngine) and made is not relay.engine:
+            await made.dispose()
+        elif isinstance(made, Engine):
+            made.dispose()

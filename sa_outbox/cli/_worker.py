@@ -18,9 +18,11 @@ from ._common import (
     _engine,
     _names,
     _not_negative_int,
-    _positive,
+    _positive_int,
     _setup_logging,
     _url_of,
+    positive_seconds,
+    seconds_or_zero,
 )
 
 
@@ -47,14 +49,14 @@ def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument(
         "--concurrency",
         metavar="N",
-        type=_positive(int),
+        type=_positive_int,
         default=10,
         help="handlers running at once (default: %(default)s)",
     )
     parser.add_argument(
         "--batch",
         metavar="N",
-        type=_positive(int),
+        type=_positive_int,
         help="most jobs per claim (default: 50, or --concurrency if larger)",
     )
     parser.add_argument(
@@ -69,21 +71,22 @@ def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument(
         "--lease",
         metavar="SECONDS",
-        type=_positive(float),
+        type=positive_seconds,
         default=30.0,
         help="lease of a claimed job, renewed by heartbeats (default: %(default)g)",
     )
     parser.add_argument(
         "--grace",
         metavar="SECONDS",
-        type=float,
+        type=seconds_or_zero,
         default=10.0,
-        help="time running jobs get to finish after SIGTERM (default: %(default)g)",
+        help="time running jobs get to finish after SIGTERM; 0 releases them at once "
+        "(default: %(default)g)",
     )
     parser.add_argument(
         "--poll-interval",
         metavar="SECONDS",
-        type=_positive(float),
+        type=positive_seconds,
         default=1.0,
         help="claim at least this often, notifications or not (default: %(default)g)",
     )
