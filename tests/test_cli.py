@@ -164,7 +164,7 @@ def test_bad_database_urls_are_refused(url, message, capsys):
 
 
 def test_a_driver_that_cannot_load_says_what_to_install(monkeypatch, capsys):
-    def no_libpq(url: object) -> Engine:
+    def no_libpq(url: object, **options: object) -> Engine:
         raise ImportError("no pq wrapper available")
 
     monkeypatch.setattr(cli_common, "create_engine", no_libpq)

@@ -86,20 +86,22 @@ def test_a_killed_child_is_restarted_and_stop_stops_them_all(engine, database_ur
     assert counts(engine) == {"succeeded": 300}
 
 
-def test_sigterm_stops_the_supervisor_and_its_children_gracefully(
+def test_sigterm_stops_the_cli_supervisor_and_its_children_gracefully(
     engine, database_url, worker_schema, tmp_path
 ):
     enqueue(engine, 50)
-    script = (
-        "import sys; from sa_outbox.worker.supervisor import Supervisor; "
-        "sys.exit(Supervisor('tests.worker_app:app', sys.argv[1], processes=2, "
-        "worker_options={'poll_interval': 0.2}).run())"
-    )
     log = tmp_path / "supervisor.log"
     env = {**os.environ, "SA_OUTBOX_WORKER_SCHEMA": worker_schema, "PYTHONPATH": str(ROOT)}
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "-c", script, database_url], cwd=ROOT, env=env, stdout=out, stderr=out
+            [
+                *(sys.executable, "-m", "sa_outbox", "worker", "tests.worker_app:app"),
+                *("--processes", "2", "--poll-interval", "0.2", "--database-url", database_url),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=out,
         )
     try:
         wait_until(lambda: counts(engine) == {"succeeded": 50}, "the jobs are done")

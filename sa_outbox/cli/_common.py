@@ -14,6 +14,7 @@ from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from .._connect_args import connect_args
 from .._exceptions import InvalidArgument, SaOutboxError
 from .._loading import import_target
 from ..schema import resolve_table
@@ -74,7 +75,7 @@ def database_url(raw: str) -> URL:
 
 def _engine(url: URL) -> Engine:
     try:
-        return create_engine(url)
+        return create_engine(url, connect_args=connect_args())
     except ImportError as exc:
         raise CommandError(
             f"the PostgreSQL driver for {url.drivername} could not be loaded ({exc}); "

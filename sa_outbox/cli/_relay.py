@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from .._connect_args import connect_args
 from .._exceptions import InvalidArgument
 from .._loading import import_target
 from ..relay import AsyncRelay, Relay, RelayReport
@@ -159,7 +160,11 @@ def load_relay_target(
         made = found()
     elif kind is not None:
         url = _resolve_url(database_url)
-        engine = create_async_engine(url) if kind is AsyncEngine else _engine(url)
+        engine = (
+            create_async_engine(url, connect_args=connect_args())
+            if kind is AsyncEngine
+            else _engine(url)
+        )
         made = found(engine)
     else:
         raise _not_a_relay(target)

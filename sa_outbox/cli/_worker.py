@@ -7,10 +7,12 @@ import asyncio
 
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import create_async_engine
 
+from .._connect_args import connect_args
 from .._exceptions import InvalidArgument
 from .._loading import load_instance
-from ..worker import AsyncWorker, JobApp, Worker
+from ..worker import AsyncWorker, JobApp, Supervisor, Worker
 from ._common import (
     CommandError,
     _add_database_url,
@@ -44,7 +46,19 @@ def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--queues", metavar="A,B", type=_names, help="queues to serve (default: all)"
     )
     parser.add_argument(
-        "--kinds", metavar="A,B", type=_names, help="job kinds to claim (default: all)"
+        "--kinds",
+        metavar="A,B",
+        type=_names,
+        help="job kinds to claim (default: those the app has handlers for; '*': every "
+        "kind, failing those without a handler)",
+    )
+    parser.add_argument(
+        "--processes",
+        metavar="N",
+        type=_positive_int,
+        default=1,
+        help="worker processes under one supervisor, each with --concurrency handlers; a "
+        "child that dies is restarted (default: %(default)s)",
     )
     parser.add_argument(
         "--concurrency",
@@ -139,6 +153,17 @@ def _worker(args: argparse.Namespace) -> int:
         reclaim=args.reclaim,
         worker_id=args.worker_id,
     )
+    if args.processes > 1:
+        del options["worker_id"]
+        supervisor = Supervisor(
+            args.target,
+            url.render_as_string(hide_password=False),
+            processes=args.processes,
+            worker_options=options,
+            worker_id=args.worker_id,
+            log_level=args.log_level,
+        )
+        return supervisor.run()
     try:
         if any(app[kind].is_async for kind in app.kinds):
             asyncio.run(_run_async(app, url, options))
@@ -156,9 +181,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 async def _run_async(app: JobApp, url: URL, options: dict[str, object]) -> None:
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    engine = create_async_engine(url)
+    engine = create_async_engine(url, connect_args=connect_args())
     try:
         await AsyncWorker(app, engine, **options).run()  # type: ignore[arg-type]
     finally:
