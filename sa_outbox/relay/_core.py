@@ -80,7 +80,13 @@ def settle(
 
 
 def finish(ops: _OutboxOps, plan: BatchPlan, relay: str, max_attempts: int) -> Op[RelayReport]:
-    """The writes that end a cycle, in one transaction; returns the cycle's report."""
+    """The writes that end a cycle, in one transaction; returns the cycle's report.
+
+    Only a rejection counts against ``max_attempts``: the events tried while the broker was
+    unreachable are given back with their claim's attempt taken back (and ``last_error``
+    set), so however long an outage lasts, an event is parked only after ``max_attempts``
+    answers of the broker that refused it.
+    """
     lost = parked = 0
     published = plan.published_pairs()
     if published:
@@ -92,7 +98,7 @@ def finish(ops: _OutboxOps, plan: BatchPlan, relay: str, max_attempts: int) -> O
         lost += len(rejected) - len(results)
     unreachable = plan.unreachable_pairs()
     if unreachable:
-        lost += len((yield from ops.release_many(unreachable, plan.unavailable, True)).lost)
+        lost += len((yield from ops.release_many(unreachable, plan.unavailable, False)).lost)
     untried = plan.untried_pairs()
     if untried:
         lost += len((yield from ops.release_many(untried, None, False)).lost)
