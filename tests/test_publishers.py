@@ -441,6 +441,64 @@ async def test_webhook_signs_sets_the_idempotency_key_and_counts_only_2xx(
     assert counts(engine) == {"published": 1, "parked": 0, "pending": 2}
 
 
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("ftp://hooks.example.com/outbox", "scheme 'ftp'"),
+        ("file:///etc/passwd", "scheme 'file'"),
+        ("hooks.example.com/outbox", "no scheme"),
+        ("//hooks.example.com/outbox", "no scheme"),
+        ("http://", "no host"),
+        ("https:///outbox", "no host"),
+        ("https://hooks.example .com/outbox", "whitespace"),
+    ],
+)
+def test_webhook_refuses_a_url_it_could_never_post_to(url: str, words: str) -> None:
+    pytest.importorskip("httpx", reason="httpx is not installed")
+    from sa_outbox import InvalidArgument
+    from sa_outbox.publishers.webhook import WebhookPublisher
+
+    with pytest.raises(InvalidArgument, match="webhook url") as caught:
+        WebhookPublisher(url)
+    assert words in str(caught.value)
+
+
+def test_webhook_refuses_a_concurrency_that_would_never_send() -> None:
+    pytest.importorskip("httpx", reason="httpx is not installed")
+    from sa_outbox import InvalidArgument
+    from sa_outbox.publishers.webhook import WebhookPublisher
+
+    with pytest.raises(InvalidArgument, match="concurrency must be between 1 and"):
+        WebhookPublisher("https://hooks.example.com/outbox", concurrency=0)
+
+
+async def test_webhook_a_bad_url_from_the_url_function_rejects_that_event_only(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: FakeClock,
+    hook_server: tuple[str, type[Hook]],
+) -> None:
+    pytest.importorskip("httpx", reason="httpx is not installed")
+    from sa_outbox.publishers.webhook import WebhookPublisher
+
+    url, hook = hook_server
+    append(engine, [("a", "E", {}), ("b", "Misrouted", {}), ("c", "E", {})])
+
+    def url_of(event: Any) -> str:
+        return "ftp://127.0.0.1/hook" if event.event_type == "Misrouted" else url
+
+    async with relay_for(async_engine, WebhookPublisher(url_of), clock) as relay:
+        first = await relay.run_once()
+        clock.advance(5)  # the backoff
+        second = await relay.run_once()
+    assert first.unavailable is None and (first.published, first.rejected) == (2, 1)
+    assert (second.rejected, second.parked) == (1, 1)  # max_attempts=2: parked, not retried
+    [misrouted] = [r for r in event_rows(engine) if r.event_type == "Misrouted"]
+    assert "scheme 'ftp'" in misrouted.last_error and misrouted.attempts == 2
+    assert len(hook.received) == 2
+    assert counts(engine) == {"published": 2, "parked": 1, "pending": 0}
+
+
 async def test_webhook_503_and_timeouts_mean_unavailable(
     engine: Engine,
     async_engine: AsyncEngine,
