@@ -50,7 +50,7 @@ from ._maintenance import (
     vacuum_table,
     xmin_holders,
 )
-from ._outbox_append import NewEvent, append_event, append_events
+from ._outbox_append import NewEvent, append_event, append_events, check_event
 from ._outbox_claim import (
     DEFAULT_RELAY_BACKOFF,
     DEFAULT_RELAY_LEASE,
@@ -107,6 +107,7 @@ __all__ = [
     "append_event",
     "append_events",
     "attach_partition",
+    "check_event",
     "claim_events",
     "claim_jobs",
     "compact_json",
