@@ -138,6 +138,22 @@ character (\\u0000) at index 1, which PostgreSQL cannot store
     raise InvalidArgument(f"{what} {shown(value)} {unstorable(value)}")
 
 
+def storable_text(value: str) -> str:
+    """``value`` with what PostgreSQL cannot store written as escapes: a NUL as ``\\x00``, a
+    lone surrogate as ``\\udc80``. For free text such as an error message kept in
+    ``last_error``, where an escaped byte beats a write that fails.
+
+    Example:
+        >>> print(storable_text("bad \\x00 byte \\udc80"), storable_text("fine é"))
+        bad \\x00 byte \\udc80 fine é
+    """
+    if "\x00" in value:
+        value = value.replace("\x00", "\\x00")
+    if not (value.isascii() or is_utf8(value)):
+        value = value.encode("utf-8", "backslashreplace").decode()
+    return value
+
+
 def text(value: object, what: str) -> str:
     """A non-empty str PostgreSQL can store (`storable`).
 

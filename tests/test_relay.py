@@ -349,6 +349,30 @@ def test_a_long_outage_uses_up_no_attempts_only_rejections_park(
     assert counts(engine) == {"published": 1, "parked": 1, "pending": 1}
 
 
+def test_a_broker_error_holding_a_nul_is_recorded_escaped_not_a_crash(
+    engine: Engine, outbox: Outbox, make_relay: Callable[..., Relay]
+) -> None:
+    """A broker's message with a NUL or a lone surrogate went into last_error as it was:
+    the cycle's transaction failed and the relay stopped; now it is kept escaped."""
+    ids = append(engine, outbox, [("a", "Raises"), ("b", "Nacked"), ("c", "Fine")])
+
+    class Odd:
+        async def publish(self, events: list[ClaimedEvent]) -> None:
+            if any(e.event_type == "Raises" for e in events):
+                raise ValueError("frame \x00\x01 from \udcff broker")
+            raise EventsRejected({ids[1]: "nack \x00"})
+
+        async def aclose(self) -> None:
+            pass
+
+    report = make_relay(Odd()).run_once()
+    assert (report.published, report.rejected, report.parked) == (1, 2, 0)
+    rows = {r.event_type: r for r in event_rows(engine)}
+    assert rows["Raises"].last_error == "ValueError: frame \\x00\x01 from \\udcff broker"
+    assert rows["Nacked"].last_error == "nack \\x00"
+    assert counts(engine) == {"published": 1, "parked": 0, "pending": 2}
+
+
 class FlakyBatch:
     """A publisher that fails a whole batch with an error it does not classify whenever the
     batch holds the poison event (what a buggy client library might do)."""
