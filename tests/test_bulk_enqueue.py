@@ -461,10 +461,18 @@ def test_the_shortcut_never_lets_a_bad_job_through(
 @pytest.mark.parametrize(
     ("job", "error", "field"),
     [
-        (NewJob("k", {"text": "lone \ud800 surrogate"}), PayloadNotSerializable, "payload"),
-        (NewJob("k", "\udc00" * 100, delay=5), PayloadNotSerializable, "payload"),  # checked path
-        (NewJob("k\ud800", {}), InvalidArgument, "kind"),
-        (NewJob("k", {}, queue="q\ud800"), InvalidArgument, "queue"),
+        (
+            NewJob("k", {"text": "lone \ud800 surrogate"}),
+            PayloadNotSerializable,
+            r"payload of job kind 'k' at \$\.text:",
+        ),
+        (  # the checked path
+            NewJob("k", "\udc00" * 100, delay=5),
+            PayloadNotSerializable,
+            r"payload of job kind 'k' at \$:",
+        ),
+        (NewJob("k\ud800", {}), InvalidArgument, r"kind 'k\\ud800'"),
+        (NewJob("k", {}, queue="q\ud800"), InvalidArgument, r"queue 'q\\ud800'"),
     ],
 )
 def test_text_utf8_cannot_encode_is_refused_before_any_row_is_sent(

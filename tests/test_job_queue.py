@@ -381,3 +381,18 @@ def test_works_in_an_orm_session(engine: Engine, queue: JobQueue) -> None:
         assert job.id == result.id
         loaded = session.get(Job, job.id)
         assert loaded is not None and loaded.status == JobStatus.RUNNING
+
+
+def test_an_error_message_with_a_nul_or_a_surrogate_is_kept_escaped(
+    engine: Engine, queue: JobQueue
+) -> None:
+    """An exception's message may hold what PostgreSQL cannot store; last_error keeps it
+    escaped instead of the retry or the failure failing (and the job staying running)."""
+    with engine.begin() as conn:
+        queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])
+        a, b = queue.claim(conn, worker_id="w", batch=2)
+        queue.retry(conn, a.id, a.lease_token, error="ValueError: bad \x00 byte")
+        queue.fail(conn, b.id, b.lease_token, error="UnicodeError: \udc80 undecodable")
+    assert job_row(engine, a.id).last_error == "ValueError: bad \\x00 byte"
+    assert job_row(engine, b.id).last_error == "UnicodeError: \\udc80 undecodable"
+    assert jobs_by_status(engine) == {"pending": 1, "failed": 1}

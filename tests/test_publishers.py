@@ -2,7 +2,7 @@
 
 For RabbitMQ, NATS JetStream and Redis Streams: publish and confirm (what a consumer reads
 back carries the outbox row's id), the broker down and back (a `TcpProxy` on loopback that
-the test cuts and restores; the relay keeps the events, counts the attempts, and resumes),
+the test cuts and restores; the relay keeps the events, counts no attempt, and resumes),
 and a poison message the broker itself keeps refusing (parked, the rest flows). The webhook
 publisher posts to a real HTTP server in the test process. Every test counts the events at
 the end. A test whose broker is absent skips and says so.
@@ -87,11 +87,11 @@ async def down_and_back(
 ) -> RelayReport:
     """Cut the broker, see the relay keep everything; restore it, see it resume."""
     proxy.stop()
-    for attempt in (1, 2, 3):  # past max_attempts=2: an outage parks nothing
+    for _ in range(3):  # past max_attempts=2: an outage counts no attempt, parks nothing
         report = await relay.run_once()
         assert report.unavailable is not None and report.published == 0
         rows = event_rows(engine)
-        assert all(r.attempts == attempt and r.published_at is None for r in rows)
+        assert all(r.attempts == 0 and r.published_at is None for r in rows)
         assert all(r.parked_at is None and r.relay_token is None for r in rows)
         assert all(r.last_error for r in rows)
     proxy.start()
@@ -441,6 +441,64 @@ async def test_webhook_signs_sets_the_idempotency_key_and_counts_only_2xx(
     assert counts(engine) == {"published": 1, "parked": 0, "pending": 2}
 
 
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("ftp://hooks.example.com/outbox", "scheme 'ftp'"),
+        ("file:///etc/passwd", "scheme 'file'"),
+        ("hooks.example.com/outbox", "no scheme"),
+        ("//hooks.example.com/outbox", "no scheme"),
+        ("http://", "no host"),
+        ("https:///outbox", "no host"),
+        ("https://hooks.example .com/outbox", "whitespace"),
+    ],
+)
+def test_webhook_refuses_a_url_it_could_never_post_to(url: str, words: str) -> None:
+    pytest.importorskip("httpx", reason="httpx is not installed")
+    from sa_outbox import InvalidArgument
+    from sa_outbox.publishers.webhook import WebhookPublisher
+
+    with pytest.raises(InvalidArgument, match="webhook url") as caught:
+        WebhookPublisher(url)
+    assert words in str(caught.value)
+
+
+def test_webhook_refuses_a_concurrency_that_would_never_send() -> None:
+    pytest.importorskip("httpx", reason="httpx is not installed")
+    from sa_outbox import InvalidArgument
+    from sa_outbox.publishers.webhook import WebhookPublisher
+
+    with pytest.raises(InvalidArgument, match="concurrency must be between 1 and"):
+        WebhookPublisher("https://hooks.example.com/outbox", concurrency=0)
+
+
+async def test_webhook_a_bad_url_from_the_url_function_rejects_that_event_only(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: FakeClock,
+    hook_server: tuple[str, type[Hook]],
+) -> None:
+    pytest.importorskip("httpx", reason="httpx is not installed")
+    from sa_outbox.publishers.webhook import WebhookPublisher
+
+    url, hook = hook_server
+    append(engine, [("a", "E", {}), ("b", "Misrouted", {}), ("c", "E", {})])
+
+    def url_of(event: Any) -> str:
+        return "ftp://127.0.0.1/hook" if event.event_type == "Misrouted" else url
+
+    async with relay_for(async_engine, WebhookPublisher(url_of), clock) as relay:
+        first = await relay.run_once()
+        clock.advance(5)  # the backoff
+        second = await relay.run_once()
+    assert first.unavailable is None and (first.published, first.rejected) == (2, 1)
+    assert (second.rejected, second.parked) == (1, 1)  # max_attempts=2: parked, not retried
+    [misrouted] = [r for r in event_rows(engine) if r.event_type == "Misrouted"]
+    assert "scheme 'ftp'" in misrouted.last_error and misrouted.attempts == 2
+    assert len(hook.received) == 2
+    assert counts(engine) == {"published": 2, "parked": 1, "pending": 0}
+
+
 async def test_webhook_503_and_timeouts_mean_unavailable(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -463,6 +521,7 @@ async def test_webhook_503_and_timeouts_mean_unavailable(
         assert down.unavailable is not None and "503" in down.unavailable
         hook.down = False
         assert (await relay.run_once()).published == 2
-    assert all(r.parked_at is None and r.attempts == 3 for r in event_rows(engine))
+    # A timeout and a 503 counted no attempt: only the publication that went through.
+    assert all(r.parked_at is None and r.attempts == 1 for r in event_rows(engine))
     assert {json.loads(b)["id"] for _, b in hook.received} >= {str(i) for i in ids}
     assert counts(engine) == {"published": 2, "parked": 0, "pending": 0}

@@ -289,26 +289,88 @@ def test_poison_event_backs_off_then_parks_without_blocking_other_aggregates(
     assert counts(engine) == {"published": 4, "parked": 0, "pending": 0}
 
 
-def test_broker_down_keeps_events_counts_attempts_and_resumes(
+def test_broker_down_keeps_events_counts_no_attempt_and_resumes(
     engine: Engine, outbox: Outbox, recorder: Recorder, make_relay: Callable[..., Relay]
 ) -> None:
     ids = append(engine, outbox, [(f"a{i}", "E") for i in range(5)])
     relay = make_relay(CallablePublisher(recorder), max_attempts=2)
     recorder.down = True
 
-    for attempt in (1, 2, 3):  # more attempts than max_attempts: an outage parks nothing
+    for _ in range(3):  # more cycles than max_attempts: an outage parks nothing
         report = relay.run_once()
         assert report.unavailable == "connection refused"
         assert (report.published, report.released) == (0, 5)
         rows = event_rows(engine)
-        assert all(r.attempts == attempt and r.relay_token is None for r in rows)
+        assert all(r.attempts == 0 and r.relay_token is None for r in rows)
         assert all(r.last_error == "connection refused" and r.parked_at is None for r in rows)
     assert counts(engine) == {"published": 0, "parked": 0, "pending": 5}
 
     recorder.down = False  # the broker is back
     assert relay.run_once().published == 5
     assert sorted(recorder.ids()) == sorted(ids)
+    assert all(r.attempts == 1 for r in event_rows(engine))
     assert counts(engine) == {"published": 5, "parked": 0, "pending": 0}
+
+
+def test_a_long_outage_uses_up_no_attempts_only_rejections_park(
+    engine: Engine,
+    outbox: Outbox,
+    clock: FakeClock,
+    recorder: Recorder,
+    make_relay: Callable[..., Relay],
+) -> None:
+    """The broker is down for many cycles, then refuses one event: that event is parked
+    only after ``max_attempts`` real rejections, not at the first one (issue 18.4)."""
+    append(engine, outbox, [("a", "Refused"), ("b", "Fine"), ("a", "AfterRefused")])
+    relay = make_relay(CallablePublisher(recorder), max_attempts=3)
+    recorder.down = True
+    for _ in range(12):  # four times max_attempts, a second apart
+        report = relay.run_once()
+        assert report.unavailable == "connection refused" and report.parked == 0
+        clock.advance(1)
+    assert all(r.attempts == 0 and r.parked_at is None for r in event_rows(engine))
+
+    recorder.down = False  # back, but it refuses one event
+    recorder.refuse.add("Refused")
+    outcomes = []
+    for _ in range(3):
+        report = relay.run_once()
+        refused = next(r for r in event_rows(engine) if r.event_type == "Refused")
+        outcomes.append((report.rejected, report.parked, refused.attempts))
+        clock.advance(10)  # the backoff (10 s)
+    assert outcomes == [(1, 0, 1), (1, 0, 2), (1, 1, 3)]  # parked at the third rejection
+    with engine.connect() as conn:
+        [parked] = outbox.parked(conn)
+    assert (parked.event_type, parked.last_error) == (
+        "Refused",
+        "ValueError: message Refused refused",
+    )
+    assert [m.event_type for m in recorder.messages] == ["Fine"]
+    assert counts(engine) == {"published": 1, "parked": 1, "pending": 1}
+
+
+def test_a_broker_error_holding_a_nul_is_recorded_escaped_not_a_crash(
+    engine: Engine, outbox: Outbox, make_relay: Callable[..., Relay]
+) -> None:
+    """A broker's message with a NUL or a lone surrogate went into last_error as it was:
+    the cycle's transaction failed and the relay stopped; now it is kept escaped."""
+    ids = append(engine, outbox, [("a", "Raises"), ("b", "Nacked"), ("c", "Fine")])
+
+    class Odd:
+        async def publish(self, events: list[ClaimedEvent]) -> None:
+            if any(e.event_type == "Raises" for e in events):
+                raise ValueError("frame \x00\x01 from \udcff broker")
+            raise EventsRejected({ids[1]: "nack \x00"})
+
+        async def aclose(self) -> None:
+            pass
+
+    report = make_relay(Odd()).run_once()
+    assert (report.published, report.rejected, report.parked) == (1, 2, 0)
+    rows = {r.event_type: r for r in event_rows(engine)}
+    assert rows["Raises"].last_error == "ValueError: frame \\x00\x01 from \\udcff broker"
+    assert rows["Nacked"].last_error == "nack \\x00"
+    assert counts(engine) == {"published": 1, "parked": 0, "pending": 2}
 
 
 class FlakyBatch:
@@ -505,7 +567,8 @@ def test_stop_ends_a_relay_that_backs_off_from_a_down_broker(
     runner.join(WAIT)
     assert not runner.is_alive()
     [row] = event_rows(engine)
-    assert row.published_at is None and row.relay_token is None and row.attempts >= 1
+    assert row.published_at is None and row.relay_token is None
+    assert (row.attempts, row.last_error) == (0, "connection refused")  # tried, not counted
 
 
 def test_bad_options_are_refused_before_anything_runs(engine: Engine) -> None:

@@ -16,6 +16,7 @@ from sqlalchemy import inspect
 from sqlalchemy.orm import Mapper
 
 from .._exceptions import InvalidArgument, InvalidArgumentType, PayloadNotSerializable
+from .._json import MAX_DEPTH
 from ..schema._event_types import (
     _RECORDED,
     EventSpec,
@@ -29,8 +30,12 @@ from ..schema._event_types import (
 from ..statements import NewEvent
 
 
-def event_row(event: Any) -> NewEvent:
+def event_row(event: Any, *, provisional: bool = False) -> NewEvent:
     """The outbox row of a domain event, once its aggregate has a primary key.
+
+    ``provisional=True`` builds it before that: an entity without a primary key yet stands
+    as ``0``, so the row can be checked (`sa_outbox.statements.check_event`) before the
+    flush writes anything; the real row is built once the key exists.
 
     The aggregate is the field named by ``__aggregate__``, else the first field that holds an
     ORM entity. An entity field is stored as its primary key; datetimes, dates, UUIDs,
@@ -52,8 +57,12 @@ def event_row(event: Any) -> NewEvent:
     """
     spec = spec_of(event)
     name = type(event).__name__
-    payload = {field: _jsonable(getattr(event, field), f"{name}.{field}") for field in spec.fields}
-    aggregate_type, aggregate_id = _aggregate(event, spec, name)
+    # The payload is an object (one level): its fields start at depth 1.
+    payload = {
+        field: _jsonable(getattr(event, field), f"{name}.{field}", 1, provisional)
+        for field in spec.fields
+    }
+    aggregate_type, aggregate_id = _aggregate(event, spec, name, provisional)
     mark_added(event)
     recorded: dt.datetime = getattr(event, _RECORDED)
     event_id = event.id if isinstance(getattr(event, "id", None), uuid.UUID) else None
@@ -70,7 +79,7 @@ def event_row(event: Any) -> NewEvent:
     )
 
 
-def _aggregate(event: Any, spec: EventSpec, name: str) -> tuple[str, str]:
+def _aggregate(event: Any, spec: EventSpec, name: str, provisional: bool) -> tuple[str, str]:
     field = spec.aggregate
     if field is None:
         field = next((f for f in spec.fields if _mapper_of(getattr(event, f)) is not None), None)
@@ -82,7 +91,7 @@ def _aggregate(event: Any, spec: EventSpec, name: str) -> tuple[str, str]:
     value = getattr(event, field)
     mapper = _mapper_of(value)
     if mapper is not None:
-        key = _primary_key(value, mapper, f"{name}.{field}")
+        key = _primary_key(value, mapper, f"{name}.{field}", provisional)
         return spec.aggregate_type or mapper.class_.__name__, key
     if spec.aggregate_type is None:
         raise InvalidArgument(
@@ -105,9 +114,11 @@ def _mapper_of(value: object) -> Mapper[Any] | None:
     return mapper if isinstance(mapper, Mapper) else None
 
 
-def _key_of(value: object, mapper: Mapper[Any], where: str) -> list[Any]:
+def _key_of(value: object, mapper: Mapper[Any], where: str, provisional: bool) -> list[Any]:
     key = mapper.primary_key_from_instance(value)
     if any(part is None for part in key):
+        if provisional:  # the flush gives it a key before the real row is built
+            return [0 if part is None else part for part in key]
         raise InvalidArgument(
             f"{where} refers to a {mapper.class_.__name__} that has no primary key yet: add it "
             "to the session (it is flushed before the event's row is written)"
@@ -115,13 +126,19 @@ def _key_of(value: object, mapper: Mapper[Any], where: str) -> list[Any]:
     return list(key)
 
 
-def _primary_key(value: object, mapper: Mapper[Any], where: str) -> str:
-    key = _key_of(value, mapper, where)
-    return str(key[0]) if len(key) == 1 else json.dumps([_jsonable(k, where) for k in key])
+def _primary_key(value: object, mapper: Mapper[Any], where: str, provisional: bool) -> str:
+    key = _key_of(value, mapper, where, provisional)
+    if len(key) == 1:
+        return str(key[0])
+    return json.dumps([_jsonable(k, where, 1, provisional) for k in key])
 
 
-def _jsonable(value: Any, where: str) -> Any:
-    """``value`` in a form JSON holds, or `PayloadNotSerializable` naming ``where``."""
+def _jsonable(value: Any, where: str, depth: int = 0, provisional: bool = False) -> Any:
+    """``value`` in a form JSON holds, or `PayloadNotSerializable` naming ``where``.
+
+    ``depth`` counts the containers around ``value`` (the payload object itself is one):
+    past `MAX_DEPTH`, `InvalidArgument`, long before Python runs out of recursion.
+    """
     if value is None or isinstance(value, str | bool | int):
         return value
     if isinstance(value, float):
@@ -129,11 +146,13 @@ def _jsonable(value: Any, where: str) -> Any:
             raise PayloadNotSerializable(f"{where} is {value}, which JSON cannot hold")
         return value
     if isinstance(value, enum.Enum):
-        return _jsonable(value.value, where)
+        return _jsonable(value.value, where, depth, provisional)
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, uuid.UUID | decimal.Decimal):
         return str(value)
+    if isinstance(value, Mapping | list | tuple) and depth >= MAX_DEPTH:
+        raise InvalidArgument(f"{where} is nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, Mapping):
         out = {}
         for key, item in value.items():
@@ -141,14 +160,16 @@ def _jsonable(value: Any, where: str) -> Any:
                 raise PayloadNotSerializable(
                     f"{where} has a key {key!r} of type {type(key).__name__}: JSON keys are str"
                 )
-            out[key] = _jsonable(item, f"{where}[{key!r}]")
+            out[key] = _jsonable(item, f"{where}[{key!r}]", depth + 1, provisional)
         return out
     if isinstance(value, list | tuple):
-        return [_jsonable(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return [
+            _jsonable(item, f"{where}[{i}]", depth + 1, provisional) for i, item in enumerate(value)
+        ]
     mapper = _mapper_of(value)
     if mapper is not None:
-        key = _key_of(value, mapper, where)
-        return _jsonable(key[0] if len(key) == 1 else key, where)
+        key = _key_of(value, mapper, where, provisional)
+        return _jsonable(key[0] if len(key) == 1 else key, where, depth, provisional)
     raise PayloadNotSerializable(
         f"{where} holds a {type(value).__name__}, which is not JSON-serialisable (use str, "
         "int, float, bool, None, lists, dicts, datetimes, UUIDs, Decimals, enums or ORM entities)"

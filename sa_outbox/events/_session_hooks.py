@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING, Any, overload
 
-from sqlalchemy import Connection, event, inspect
+from sqlalchemy import Connection, Executable, event, inspect
 from sqlalchemy.orm import Session, UOWTransaction, scoped_session, sessionmaker
 
 from .._exceptions import InvalidArgument, InvalidArgumentType, SaOutboxError
@@ -30,7 +30,7 @@ from ..queue._job_queue import AsyncJobQueue, JobQueue
 from ..queue._results import EnqueueResult
 from ..schema import JobMixin, OutboxMixin, resolve_table
 from ..schema._event_types import added_order, field_values, is_domain_event, mark_added
-from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, append_events
+from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, append_events, check_event
 from ._rows import event_row
 
 if TYPE_CHECKING:
@@ -56,24 +56,31 @@ def _before_flush(session: Session, flush_context: UOWTransaction, instances: ob
     events = sorted((obj for obj in session.new if is_domain_event(obj)), key=added_order)
     if not events:
         return
-    for obj in events:
-        session.expunge(obj)
     # An event whose aggregate this flush creates must wait for its INSERT (after_flush).
     # The others are written now: a flush left with nothing else to do returns before
     # after_flush. From the first event that waits, all wait, to keep the order they were
     # added in; a waiting event's pending aggregate keeps the flush going to after_flush.
     first_waiting = next((i for i, obj in enumerate(events) if _waits_for_flush(obj)), None)
-    if first_waiting is None:
-        _write(session, events)
-        return
-    _write(session, events[:first_waiting])
-    flush_context.attributes.setdefault(_FLUSH_KEY, []).extend(events[first_waiting:])
+    now = events if first_waiting is None else events[:first_waiting]
+    later = [] if first_waiting is None else events[first_waiting:]
+    # Every event is checked before the session changes and before the flush sends any SQL
+    # (before_flush runs ahead of the flush's transaction): a bad one raises here, stays in
+    # the session, and the caller's transaction is untouched. The waiting ones are checked
+    # with their aggregate's future key standing as 0 (`event_row(provisional=True)`).
+    statements = _statements(now)
+    for obj in later:
+        check_event(event_row(obj, provisional=True))
+    for obj in events:
+        session.expunge(obj)
+    _execute(session, statements)
+    if later:
+        flush_context.attributes.setdefault(_FLUSH_KEY, []).extend(later)
 
 
 def _after_flush(session: Session, flush_context: UOWTransaction) -> None:
     events: list[Any] | None = flush_context.attributes.pop(_FLUSH_KEY, None)
     if events:
-        _write(session, events)
+        _execute(session, _statements(events))
 
 
 def _waits_for_flush(event_obj: object) -> bool:
@@ -86,9 +93,16 @@ def _waits_for_flush(event_obj: object) -> bool:
     return False
 
 
-def _write(session: Session, events: list[Any]) -> None:
-    for model, group in _by_table(events):
-        stmt, _ = append_events(model, [event_row(obj) for obj in group])
+def _statements(events: list[Any]) -> list[tuple[type, Executable]]:
+    """One `append_events` per outbox table, built (so checked) before anything runs."""
+    return [
+        (model, append_events(model, [event_row(obj) for obj in group])[0])
+        for model, group in _by_table(events)
+    ]
+
+
+def _execute(session: Session, statements: list[tuple[type, Executable]]) -> None:
+    for model, stmt in statements:
         session.connection(bind_arguments={"mapper": inspect(model)}).execute(stmt)
 
 

@@ -15,6 +15,12 @@ cannot take anything *now* — and timeouts or connection errors make the batch 
 so the relay backs off without parking events. Events of one batch are sent concurrently
 (at most ``concurrency`` at a time); ``timeout`` bounds each request.
 
+The URL must be an absolute ``http://`` or ``https://`` URL with a host (`checked_url`):
+anything else (``ftp://``, ``file://``, no scheme, no host) is refused when the publisher
+is built, since no request to it could ever succeed. A URL function's answer is checked
+per event: a bad one rejects that event (parked after ``max_attempts``), rather than
+passing for a broker that is down.
+
 Example:
     publisher = WebhookPublisher(
         "https://hooks.example.com/outbox",
@@ -33,17 +39,62 @@ from collections.abc import Callable, Mapping, Sequence
 
 import httpx
 
-from .._exceptions import InvalidArgumentType
+from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._validation import count
 from ..queue._results import ClaimedEvent
 from ..relay._core import describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ..statements import compact_json
 from ._message import envelope_of
 
-__all__ = ["RETRY_LATER_STATUSES", "WebhookPublisher", "sign"]
+__all__ = ["RETRY_LATER_STATUSES", "WebhookPublisher", "checked_url", "sign"]
 
 #: Answers that mean "not now" rather than "not this event": the batch is unavailable.
 RETRY_LATER_STATUSES = frozenset({408, 429, 502, 503, 504})
+#: The schemes a webhook can be posted to.
+URL_SCHEMES = ("http", "https")
+#: Most concurrent requests `WebhookPublisher` takes for ``concurrency``.
+MAX_CONCURRENCY = 1000
+
+
+def checked_url(url: object) -> str:
+    """``url`` if it is an absolute ``http://`` or ``https://`` URL with a host.
+
+    Raises `InvalidArgumentType` for a non-str and `InvalidArgument` for anything else:
+    another scheme (``ftp://``, ``file://``), no scheme (``hooks.example.com/x``), no host
+    (``https:///x``), or whitespace and control characters, which no server would be found
+    for.
+
+    Example:
+        >>> checked_url("https://hooks.example.com/outbox")
+        'https://hooks.example.com/outbox'
+        >>> try:
+        ...     checked_url("ftp://hooks.example.com/outbox")
+        ... except InvalidArgument as exc:
+        ...     print(str(exc).replace(" got", "\\n got"))
+        webhook url must be an absolute http:// or https:// URL with a host,
+         got 'ftp://hooks.example.com/outbox' (scheme 'ftp')
+    """
+    if not isinstance(url, str):
+        raise InvalidArgumentType(f"webhook url must be a str, got {type(url).__name__}")
+    shown = url if len(url) <= 200 else url[:200] + "…"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise InvalidArgument(
+            f"webhook url {shown!r} holds whitespace or control characters: percent-encode them"
+        )
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise InvalidArgument(f"webhook url {shown!r} is not a valid URL: {exc}") from None
+    if parsed.scheme not in URL_SCHEMES or not parsed.host:
+        found = f"scheme {parsed.scheme!r}" if parsed.scheme else "no scheme"
+        if parsed.scheme in URL_SCHEMES:
+            found = "no host"
+        raise InvalidArgument(
+            "webhook url must be an absolute http:// or https:// URL with a host, got "
+            f"{shown!r} ({found})"
+        )
+    return url
 
 
 def sign(secret: bytes, body: bytes) -> str:
@@ -78,8 +129,9 @@ class WebhookPublisher:
         signature_header: str = "X-Outbox-Signature",
         idempotency_header: str = "Idempotency-Key",
     ) -> None:
+        self._fixed_url: str | None = None
         if isinstance(url, str):
-            fixed = url
+            fixed = self._fixed_url = checked_url(url)
             self._url_of: Callable[[ClaimedEvent], str] = lambda _event: fixed
         elif callable(url):
             self._url_of = url
@@ -87,6 +139,8 @@ class WebhookPublisher:
             raise InvalidArgumentType(f"url must be a str or a function, got {url!r}")
         if secret is not None and not isinstance(secret, str | bytes):
             raise InvalidArgumentType("secret must be a str or bytes")
+        # A semaphore of 0 would make every publish wait until it timed out, "unavailable".
+        concurrency = count(concurrency, "concurrency", maximum=MAX_CONCURRENCY)
         self._secret = secret.encode() if isinstance(secret, str) else secret
         self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self._headers = dict(headers or {})
@@ -119,6 +173,11 @@ class WebhookPublisher:
         self, client: httpx.AsyncClient, limit: asyncio.Semaphore, event: ClaimedEvent
     ) -> str | None:
         url, body, headers = self.request_for(event)
+        if self._fixed_url is None:  # a URL function: its answer is this event's problem
+            try:
+                checked_url(url)
+            except (InvalidArgument, InvalidArgumentType) as exc:
+                return f"the url function gave a bad URL for this event: {exc}"
         async with limit:
             try:
                 response = await client.post(url, content=body, headers=headers)

@@ -44,8 +44,8 @@ from sqlalchemy.orm import Session
 from .._clock import Clock, DatabaseClock
 from .._exceptions import InvalidArgument, InvalidArgumentType, PayloadNotSerializable
 from .._ids import uuid7_hex
-from .._json import prebuilt_encoder
-from ..statements._common import Dumps, now_of
+from .._json import DEEP_TEXT, MAX_DEPTH, prebuilt_encoder
+from ..statements._common import Dumps, now_of, refuse_unstorable
 from ..statements._job_enqueue import NewJob, _check, _plain
 
 if TYPE_CHECKING:
@@ -164,6 +164,7 @@ def plan_copy(
     # rows the transaction's time, as enqueue_many would; otherwise "now" is read first.
     timed = not (clock is None or isinstance(clock, DatabaseClock))
     encoder = prebuilt_encoder(dumps)
+    raw = encoder is None  # another dumps may write a NUL as it is, not as an escape
     join = "".join
     fits = max_payload_bytes // 4  # a str of this many characters fits in any UTF-8 encoding
     lines: list[str] = []
@@ -200,9 +201,17 @@ def plan_copy(
                 )
             except (TypeError, ValueError, RecursionError):
                 payload = None  # _check says what is wrong with it
-            if type(payload) is not str or len(payload) > fits:
+            if type(payload) is not str or len(payload) > fits:  # _check says what is wrong
                 times = _append_checked(job, job_id, dumps, max_payload_bytes, lines, times)
                 continue
+            if (  # `may_be_unstorable_utf8`, inline (the whole stream's encoding is checked)
+                "\\u" in payload
+                or (raw and "\x00" in payload)
+                or (
+                    len(payload) > DEEP_TEXT and payload.count("[") + payload.count("{") > MAX_DEPTH
+                )
+            ):  # raises if it holds what jsonb refuses; often it does not (many brackets, say)
+                refuse_unstorable(payload, job.payload, f"job kind {job.kind!r}")
             if encoder is None:
                 payload = _escaped(payload)  # another dumps may write tabs and newlines
             elif "\\" in payload:  # compact JSON escapes the others itself
@@ -220,7 +229,7 @@ def plan_copy(
     try:
         body = text.encode()
     except UnicodeEncodeError as exc:  # a lone surrogate: psycopg would fail mid-COPY
-        raise _not_utf8(text, exc) from exc
+        raise _not_utf8(text, exc, jobs, dumps, max_payload_bytes) from exc
     columns = f"{_COLUMNS}{_TIME_COLUMNS}" if timed or times is not None else _COLUMNS
     return CopyPlan(
         f"COPY {quote_table} ({columns}) FROM STDIN",
@@ -261,10 +270,17 @@ def _append_checked(
     return times
 
 
-def _not_utf8(text: str, exc: UnicodeEncodeError) -> InvalidArgument | PayloadNotSerializable:
-    """The error for a field UTF-8 cannot encode, naming its job's index and field."""
+def _not_utf8(
+    text: str, exc: UnicodeEncodeError, jobs: list[NewJob], dumps: Dumps, max_payload_bytes: int
+) -> InvalidArgument | InvalidArgumentType:
+    """The error for a field UTF-8 cannot encode, naming its job's index and field (and,
+    as `_check` says it, the path of the bad value in a payload)."""
     line_start = text.rfind("\n", 0, exc.start) + 1
     index = text.count("\n", 0, line_start)
+    try:
+        _check(jobs[index], dumps, max_payload_bytes, _NO_ID)
+    except (InvalidArgument, InvalidArgumentType) as checked:
+        return type(checked)(f"jobs[{index}]: {checked}")
     field = _FIELDS[min(text.count("\t", line_start, exc.start), len(_FIELDS) - 1)]
     what = _not_utf8_text(index, field, exc)
     return PayloadNotSerializable(what) if field == "payload" else InvalidArgument(what)

@@ -263,9 +263,12 @@ class Outbox(_Base):
         return _drive(conn, self._ops.reject_many(failures, max_attempts))
 
     def release_many(
-        self, conn: SyncConn, pairs: Pairs, *, error: str | None = None, attempted: bool = True
+        self, conn: SyncConn, pairs: Pairs, *, error: str | None = None, attempted: bool = False
     ) -> BatchResult:
         """Give claimed events back unmarked, claimable at once (broker down, relay stopping).
+
+        The claim's attempt is taken back (``attempted=True`` keeps it counted): only
+        rejections (`reject_many`) count against ``max_attempts``.
 
         Example:
             outbox.release_many(conn, [(e.id, e.relay_token) for e in events],
@@ -352,7 +355,7 @@ class AsyncOutbox(_Base):
         return await _adrive(conn, self._ops.reject_many(failures, max_attempts))
 
     async def release_many(
-        self, conn: AsyncConn, pairs: Pairs, *, error: str | None = None, attempted: bool = True
+        self, conn: AsyncConn, pairs: Pairs, *, error: str | None = None, attempted: bool = False
     ) -> BatchResult:
         """See `Outbox.release_many`."""
         return await _adrive(conn, self._ops.release_many(pairs, error, attempted))

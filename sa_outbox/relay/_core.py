@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import tenacity
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from .._validation import storable_text
 from ..queue._executors import Op
 from ..queue._outbox import _OutboxOps
 from ..queue._results import ClaimedEvent
@@ -46,7 +47,9 @@ def describe(error: BaseException) -> str:
         text = str(error)
     else:
         text = f"{type(error).__name__}: {error}"
-    return (text or type(error).__name__)[:MAX_ERROR_LENGTH]
+    # A broker's message may hold a NUL or a lone surrogate: written as it is, last_error
+    # would fail the cycle's whole transaction (and the relay with it).
+    return storable_text((text or type(error).__name__)[:MAX_ERROR_LENGTH])
 
 
 def settle(
@@ -69,7 +72,8 @@ def settle(
         plan.published([e for e in wave if e.id not in error.rejected])
         for event in wave:
             if event.id in error.rejected:
-                plan.reject(event, error.rejected[event.id][:MAX_ERROR_LENGTH] or "rejected")
+                reason = storable_text(error.rejected[event.id][:MAX_ERROR_LENGTH])
+                plan.reject(event, reason or "rejected")
     elif isinstance(error, PublisherUnavailable):
         plan.unreachable(wave, describe(error))
     elif len(wave) == 1:
@@ -80,7 +84,13 @@ def settle(
 
 
 def finish(ops: _OutboxOps, plan: BatchPlan, relay: str, max_attempts: int) -> Op[RelayReport]:
-    """The writes that end a cycle, in one transaction; returns the cycle's report."""
+    """The writes that end a cycle, in one transaction; returns the cycle's report.
+
+    Only a rejection counts against ``max_attempts``: the events tried while the broker was
+    unreachable are given back with their claim's attempt taken back (and ``last_error``
+    set), so however long an outage lasts, an event is parked only after ``max_attempts``
+    answers of the broker that refused it.
+    """
     lost = parked = 0
     published = plan.published_pairs()
     if published:
@@ -92,7 +102,7 @@ def finish(ops: _OutboxOps, plan: BatchPlan, relay: str, max_attempts: int) -> O
         lost += len(rejected) - len(results)
     unreachable = plan.unreachable_pairs()
     if unreachable:
-        lost += len((yield from ops.release_many(unreachable, plan.unavailable, True)).lost)
+        lost += len((yield from ops.release_many(unreachable, plan.unavailable, False)).lost)
     untried = plan.untried_pairs()
     if untried:
         lost += len((yield from ops.release_many(untried, None, False)).lost)

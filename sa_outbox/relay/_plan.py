@@ -45,7 +45,7 @@ class RelayReport:
     events that reached ``max_attempts``; ``lost`` the events whose relay lease had passed
     to another relay by the time this one wrote their outcome (they were left alone).
     ``unavailable`` holds the error when the broker could not be reached (the events were
-    given back, their attempt counted); the relay then backs off.
+    given back, their attempt not counted); the relay then backs off.
 
     Example:
         >>> report = RelayReport("relay-1", claimed=3, published=2, rejected=1)

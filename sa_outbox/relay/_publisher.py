@@ -9,8 +9,8 @@ them concurrently or pipelined; ``publish`` returns once the broker has taken ev
   ``rejected`` maps their ids to the reason; every event *not* in it was published. A
   rejected event backs off and, after ``max_attempts``, is parked.
 - `PublisherUnavailable`: the broker could not be reached or did not answer in time: nothing
-  of the batch counts as published; the relay keeps the events, counts the attempt, backs
-  off and tries again, and never parks an event for this.
+  of the batch counts as published; the relay keeps the events, backs off and tries again;
+  the attempt does not count against ``max_attempts``, so an outage never parks an event.
 - anything else: a bug or an error the publisher did not classify. The relay tries the
   batch's events one by one, so the error can be pinned on the event that causes it.
 

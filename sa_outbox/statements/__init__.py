@@ -20,7 +20,13 @@ Example:
     >>> stmt = stmt.where(Job.__table__.c.kind != "slow")  # extend it, then run it yourself
 """
 
+from .._json import MAX_DEPTH as MAX_PAYLOAD_DEPTH
 from .._json import compact_json
+from .._validation import (
+    MAX_AGGREGATE_ID_LENGTH,
+    MAX_DEDUPLICATION_KEY_LENGTH,
+    MAX_NAME_LENGTH,
+)
 from ._common import DEFAULT_MAX_PAYLOAD_BYTES
 from ._job_claim import (
     ACKED,
@@ -55,7 +61,7 @@ from ._maintenance import (
     vacuum_table,
     xmin_holders,
 )
-from ._outbox_append import NewEvent, append_event, append_events
+from ._outbox_append import NewEvent, append_event, append_events, check_event
 from ._outbox_claim import (
     DEFAULT_RELAY_BACKOFF,
     DEFAULT_RELAY_LEASE,
@@ -105,6 +111,10 @@ __all__ = [
     "DEFAULT_QUEUE",
     "DEFAULT_RELAY_BACKOFF",
     "DEFAULT_RELAY_LEASE",
+    "MAX_AGGREGATE_ID_LENGTH",
+    "MAX_DEDUPLICATION_KEY_LENGTH",
+    "MAX_NAME_LENGTH",
+    "MAX_PAYLOAD_DEPTH",
     "PARTITION_LOCK_PREFIX",
     "PRUNE_LOCK_PREFIX",
     "NewEvent",
@@ -112,6 +122,7 @@ __all__ = [
     "append_event",
     "append_events",
     "attach_partition",
+    "check_event",
     "claim_events",
     "claim_jobs",
     "compact_json",

@@ -18,6 +18,7 @@ from .._exceptions import (
     PayloadNotSerializable,
     PayloadTooLarge,
 )
+from .._json import may_be_unstorable_utf8, unstorable_at
 from ..schema import resolve_table
 
 #: Default limit of a serialised payload (1 MiB); PostgreSQL's own limit for jsonb is 255 MiB.
@@ -41,17 +42,60 @@ def now_of(clock: Clock | None) -> ColumnElement[dt.datetime]:
 
 
 def serialise(payload: Any, what: str, dumps: Dumps, limit: int) -> str:
-    """Serialise ``payload`` for a jsonb column, or raise naming ``what`` it belongs to."""
+    """Serialise ``payload`` for a jsonb column, or raise naming ``what`` it belongs to.
+
+    Refused, before any SQL: what JSON cannot encode (`PayloadNotSerializable`), a lone
+    surrogate (`PayloadNotSerializable`: not valid UTF-8), a NUL character or more than
+    `MAX_DEPTH` levels of nesting (`InvalidArgument`, naming the path of the bad value), and
+    more than ``limit`` bytes (`PayloadTooLarge`).
+
+    Example:
+        >>> from sa_outbox.statements import compact_json
+        >>> serialise({"to": ["a", "b\\x00"]}, "job kind 'send-email'", compact_json, 1024)
+        Traceback (most recent call last):
+        ...
+        sa_outbox._exceptions.InvalidArgument: payload of job kind 'send-email' at $.to[1]: \
+contains a NUL character (\\u0000) at index 1, which PostgreSQL cannot store
+    """
     try:
         text = dumps(payload)
+    except RecursionError:  # nested too deep for the encoder: say where it goes too deep
+        refuse_unstorable(None, payload, what)
+        raise  # pragma: no cover - refuse_unstorable always raises without a text
     except (TypeError, ValueError) as exc:
         raise PayloadNotSerializable(f"payload of {what} is not JSON-serialisable: {exc}") from exc
     if not isinstance(text, str):
         raise InvalidArgumentType(f"the dumps function must return str, got {type(text).__name__}")
-    size = len(text.encode())
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError:  # a lone surrogate
+            size = 0
+            refuse_unstorable(text, payload, what)
     if size > limit:
         raise PayloadTooLarge(f"payload of {what} is {size} bytes, over the limit of {limit}")
+    if may_be_unstorable_utf8(text):  # it encoded: only NUL and nesting are left to doubt
+        refuse_unstorable(text, payload, what)
     return text
+
+
+def refuse_unstorable(text: str | None, payload: Any, what: str) -> None:
+    """Raise if the serialised ``text`` of ``payload`` holds what jsonb cannot store.
+
+    ``text=None`` when serialising ran out of recursion: then it always raises.
+
+    Example:
+        >>> refuse_unstorable('{"a":"fine"}', {"a": "fine"}, "job kind 'k'")
+    """
+    found = unstorable_at(text, payload)
+    if found is None:
+        return
+    message = f"payload of {what} at {found.path}: {found.problem}"
+    if found.not_utf8:
+        raise PayloadNotSerializable(message)
+    raise InvalidArgument(message)
 
 
 def jsonb(text: str) -> ColumnElement[Any]:

@@ -29,11 +29,29 @@ from sqlalchemy.sql.dml import ReturningInsert
 from .._clock import Clock
 from .._exceptions import InvalidArgument
 from .._ids import uuid7, uuid7_ints
-from .._json import compact_json, prebuilt_encoder
-from .._validation import aware_datetime, count, duration, optional_text, text
+from .._json import DEEP_TEXT, MAX_DEPTH, compact_json, prebuilt_encoder
+from .._validation import (
+    MAX_DEDUPLICATION_KEY_LENGTH,
+    aware_datetime,
+    count,
+    duration,
+    is_name,
+    is_utf8,
+    name,
+    optional_key,
+)
 from ..schema import JobStatus
 from ..schema._partition_ddl import partition_interval_of
-from ._common import DEFAULT_MAX_PAYLOAD_BYTES, Dumps, interval, jsonb, now_of, serialise, table_of
+from ._common import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Dumps,
+    interval,
+    jsonb,
+    now_of,
+    refuse_unstorable,
+    serialise,
+    table_of,
+)
 from ._job_defaults import _MAX_INT, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
 
@@ -105,19 +123,21 @@ class _Checked:
 
 
 def _check(job: NewJob, dumps: Dumps, limit: int, job_id: uuid.UUID | None = None) -> _Checked:
-    kind = text(job.kind, "kind")
+    kind = name(job.kind, "kind")
     if job.run_at is not None and job.delay is not None:
         raise InvalidArgument(f"job kind {kind!r}: give run_at or delay, not both")
     return _Checked(
         id=uuid7() if job_id is None else job_id,
         kind=kind,
         payload=serialise(job.payload, f"job kind {kind!r}", dumps, limit),
-        queue=text(job.queue, "queue"),
+        queue=name(job.queue, "queue"),
         priority=count(job.priority, "priority", minimum=-_MAX_INT, maximum=_MAX_INT),
         run_at=None if job.run_at is None else aware_datetime(job.run_at, "run_at"),
         delay=None if job.delay is None else duration(job.delay, "delay", allow_zero=True),
         max_attempts=count(job.max_attempts, "max_attempts", maximum=_MAX_INT),
-        deduplication_key=optional_text(job.deduplication_key, "deduplication_key"),
+        deduplication_key=optional_key(
+            job.deduplication_key, "deduplication_key", MAX_DEDUPLICATION_KEY_LENGTH
+        ),
     )
 
 
@@ -287,16 +307,15 @@ _NO_ID = uuid.UUID(int=0)
 
 
 def _plain(job: object) -> TypeGuard[NewJob]:
-    """Whether ``job`` is exactly a `NewJob` that `_check` accepts as it is: str names, int
-    fields, no run_at, delay or deduplication key (a subclass, or a bool, is not plain)."""
+    """Whether ``job`` is exactly a `NewJob` that `_check` accepts as it is: names `name`
+    accepts, int fields, no run_at, delay or deduplication key (a subclass, or a bool, is not
+    plain)."""
     if type(job) is not NewJob:
         return False
     kind, queue, priority, attempts = job.kind, job.queue, job.priority, job.max_attempts
     return (
-        type(kind) is str
-        and kind != ""
-        and type(queue) is str
-        and queue != ""
+        is_name(kind)
+        and is_name(queue)
         and type(priority) is int
         and -_MAX_INT <= priority <= _MAX_INT
         and type(attempts) is int
@@ -312,10 +331,12 @@ def _jobs_document(jobs: list[NewJob], ids: list[int], dumps: Dumps, limit: int)
 
     A plain job (`_plain`) whose fields are the very objects of the plain job checked
     before it (``NewJob("send", {...})`` in a loop) needs identity tests only, and its
-    payload goes through the C encoder of `fast_compact_json` directly; any other job
-    goes through `_check`, which accepts it or raises.
+    payload goes through the C encoder of `fast_compact_json` directly (and a payload
+    `may_be_unstorable` doubts, through `refuse_unstorable`); any other job goes through
+    `_check`, which accepts it or raises.
     """
     encoder = prebuilt_encoder(dumps)
+    raw = encoder is None  # another dumps may write a NUL as it is, not as an escape
     join = "".join
     fits = limit // 4  # a str of this many characters fits in any UTF-8 encoding
     objects: list[str] = []
@@ -346,8 +367,15 @@ def _jobs_document(jobs: list[NewJob], ids: list[int], dumps: Dumps, limit: int)
         except (TypeError, ValueError, RecursionError):
             payload = None  # _check says what is wrong with it
         if type(payload) is not str or len(payload) > fits:
-            append(_checked_object(job, job_id, dumps, limit))
+            append(_checked_object(job, job_id, dumps, limit))  # says what is wrong
             continue
+        if (  # `may_be_unstorable`, inline: it runs for every job
+            "\\u" in payload
+            or (raw and "\x00" in payload)
+            or (len(payload) > DEEP_TEXT and payload.count("[") + payload.count("{") > MAX_DEPTH)
+            or (not payload.isascii() and not is_utf8(payload))
+        ):  # raises if it holds what jsonb refuses; often it does not (many brackets, say)
+            refuse_unstorable(payload, job.payload, f"job kind {job.kind!r}")
         append(f'{{"id":"{job_id:032x}"{head}{payload}{tail}')
     return f"[{','.join(objects)}]"
 

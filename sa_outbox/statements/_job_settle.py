@@ -27,7 +27,7 @@ from sqlalchemy import (
 from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import InvalidArgument
-from .._validation import count, duration, name_filter
+from .._validation import count, duration, name_filter, storable_text
 from ..schema import JobStatus
 from ._common import (
     as_uuid,
@@ -173,7 +173,8 @@ def _error_text(error: object) -> Any:
         return None
     if not isinstance(error, str):
         error = str(error)
-    return bindparam(None, error, type_=Text)
+    # An exception's message may hold a NUL or a lone surrogate: escaped, not a failed write.
+    return bindparam(None, storable_text(error), type_=Text)
 
 
 def reclaim_expired_jobs(

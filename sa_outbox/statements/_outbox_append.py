@@ -22,7 +22,7 @@ from .._clock import Clock
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._ids import uuid7
 from .._json import compact_json
-from .._validation import text
+from .._validation import MAX_AGGREGATE_ID_LENGTH, key, name
 from ._common import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     Dumps,
@@ -156,10 +156,32 @@ def append_events(
     return stmt, [r[0] for r in rows]
 
 
+def check_event(
+    event: NewEvent,
+    *,
+    dumps: Dumps = compact_json,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> None:
+    """Raise what `append_events` would raise for ``event``, without building a statement.
+
+    For a check that must come before anything else happens (the session hooks check every
+    domain event of a flush before the flush writes any row).
+
+    Example:
+        >>> check_event(NewEvent("OrderPlaced", "order", 42, {"total_cents": 1200}))
+        >>> check_event(NewEvent("OrderPlaced", " ", 42, {}))
+        Traceback (most recent call last):
+        ...
+        sa_outbox._exceptions.InvalidArgument: aggregate_type must not be blank (only \
+whitespace), got ' '
+    """
+    _checked_event(event, dumps, max_payload_bytes)
+
+
 def _checked_event(
     event: NewEvent, dumps: Dumps, limit: int
 ) -> tuple[uuid.UUID, str, str, str, str, str]:
-    kind = text(event.event_type, "event_type")
+    kind = name(event.event_type, "event_type")
     what = f"event type {kind!r}"
     headers = event.headers
     if headers is not None and not isinstance(headers, Mapping):
@@ -169,8 +191,8 @@ def _checked_event(
         raise InvalidArgumentType(f"aggregate_id of {what} must be a str, int or UUID")
     return (
         uuid7() if event.id is None else as_uuid(event.id, f"id of {what}"),
-        text(event.aggregate_type, "aggregate_type"),
-        text(str(aggregate_id), "aggregate_id"),
+        name(event.aggregate_type, "aggregate_type"),
+        key(str(aggregate_id), "aggregate_id", MAX_AGGREGATE_ID_LENGTH),
         kind,
         serialise(event.payload, what, dumps, limit),
         serialise(dict(headers or {}), f"headers of {what}", dumps, limit),

@@ -161,16 +161,18 @@ def release_events(
     pairs: Iterable[tuple[object, object]],
     *,
     error: str | None = None,
-    attempted: bool = True,
+    attempted: bool = False,
     clock: Clock | None = None,
 ) -> Update:
     """Give claimed events back, claimable at once, without marking them.
 
     For many (id, relay_token) pairs in one statement, fenced by the token. Used when the
-    broker could not be reached (``attempted=True``: the attempt stays counted, ``error``
-    goes to ``last_error``) and for events a relay claimed but did not try, because an
-    earlier event of their aggregate failed or the relay stopped (``attempted=False``: the
-    claim's ``attempts + 1`` is taken back). Returns ``id, token`` of the pairs released.
+    broker could not be reached (``error`` goes to ``last_error``) and for events a relay
+    claimed but did not try, because an earlier event of their aggregate failed or the
+    relay stopped. Either way the claim's ``attempts + 1`` is taken back: only a rejection
+    (`reject_events`) counts against ``max_attempts``, so an outage, however long, parks
+    nothing and leaves every event its full ``max_attempts``. ``attempted=True`` keeps the
+    attempt counted instead. Returns ``id, token`` of the pairs released.
 
     Example:
         >>> import uuid
