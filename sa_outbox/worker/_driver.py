@@ -9,6 +9,7 @@ calls these under its lock, the async one from its event loop.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import datetime as dt
 import time
@@ -128,7 +129,7 @@ def _every_kind(kinds: object) -> bool:
     return kinds == ALL_KINDS or (isinstance(kinds, list | tuple) and list(kinds) == [ALL_KINDS])
 
 
-class DriverBase(Generic[E]):
+class DriverBase(abc.ABC, Generic[E]):
     """The options, state and decisions of a worker, for its sync and async drivers."""
 
     #: The driver's name in messages ("Worker", "AsyncWorker").
@@ -219,10 +220,11 @@ class DriverBase(Generic[E]):
         self._setup(clock=clock, metrics=metrics, retention=retention, vacuum=vacuum)
         self._next_prune = None if retention is None else timer() + self._prune_wait(retention)
 
+    @abc.abstractmethod
     def _check(self, app: JobApp, engine: E) -> None:
         """Refuse an engine (or handlers) this driver cannot run."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _setup(
         self,
         *,
@@ -232,7 +234,6 @@ class DriverBase(Generic[E]):
         vacuum: VacuumPolicy | None,
     ) -> None:
         """Build the driver's own parts: held connection, reclaimer, pruner, vacuumer…"""
-        raise NotImplementedError
 
     @property
     def worker_id(self) -> str:
