@@ -15,7 +15,9 @@ listening on a Unix socket only. `embedded_database_url` starts one of two kinds
 Every process that uses a server holds a shared lock (``fcntl`` record lock) on
 ``data_dir/sa-outbox.lock`` while it lives; the kernel releases it however the process ends,
 before the watcher's pipe reports the end. Whoever then finds no other holder, the process
-itself at exit or its watcher after it died, stops the server.
+itself at exit or its watcher after it died, stops the server. Creating or starting the
+server is done under an exclusive lock on ``data_dir/sa-outbox.start.lock``, one process at
+a time: two started together would otherwise both run ``initdb``.
 
 Example:
     url = embedded_database_url()  # temporary: gone with this process
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import dataclasses
 import errno
 import importlib
@@ -38,7 +41,7 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,8 @@ __all__ = ["embedded_database_url"]
 
 #: The file whose shared locks say which processes use a server, in its folder.
 LOCK_FILE = "sa-outbox.lock"
+#: The file whose exclusive lock lets one process at a time create or start a server.
+START_LOCK_FILE = "sa-outbox.start.lock"
 #: The server's own data directory, in its folder.
 PGDATA = "pgdata"
 
@@ -144,7 +149,7 @@ def _join(pgserver: Any, root: Path, *, temporary: bool) -> _Joined:
         raise
     joined = _Joined("", root, temporary, pg_ctl, lock_fd, alive_fd, watcher)
     try:
-        with warnings.catch_warnings():
+        with _starting(root), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             server = pgserver.get_server(root / PGDATA, cleanup_mode=None)
         info = server.get_postmaster_info()
@@ -164,6 +169,21 @@ def _join(pgserver: Any, root: Path, *, temporary: bool) -> _Joined:
         )
         _hooks_installed = True
     return joined
+
+
+@contextlib.contextmanager
+def _starting(root: Path) -> Iterator[None]:
+    """One process at a time creates or starts the server in ``root``; the next ones join it.
+
+    Two processes started together (a web process and its worker) would otherwise both find
+    no ``pgdata`` and both run ``initdb`` in it.
+    """
+    fd = os.open(root / START_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
 
 
 def _start_watcher(
