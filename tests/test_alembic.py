@@ -152,6 +152,10 @@ def expected_indexes(schema: str) -> dict[str, str]:
         "jobs_pkey": f"CREATE UNIQUE INDEX jobs_pkey {on_jobs} (id)",
         "jobs_ready_idx": f"CREATE INDEX jobs_ready_idx {on_jobs} (queue, priority DESC, run_at,"
         f" id) WHERE (status = 'pending'{status})",
+        "jobs_ready_kind_idx": f"CREATE INDEX jobs_ready_kind_idx {on_jobs} (kind, priority DESC,"
+        f" run_at, id) WHERE (status = 'pending'{status})",
+        "jobs_ready_order_idx": f"CREATE INDEX jobs_ready_order_idx {on_jobs} (priority DESC,"
+        f" run_at, id) WHERE (status = 'pending'{status})",
         "jobs_dedup_idx": f"CREATE UNIQUE INDEX jobs_dedup_idx {on_jobs} (kind,"
         " deduplication_key) WHERE (deduplication_key IS NOT NULL)",
         "jobs_expired_lease_idx": f"CREATE INDEX jobs_expired_lease_idx {on_jobs} (lease_until)"
@@ -441,6 +445,34 @@ def test_autogenerate_in_a_schema_of_your_own(
     project.downgrade()
     assert_removed(pg, work)
     assert schema_exists(pg, work) == (created == "beforehand")
+
+
+@pytest.mark.parametrize("migration", ["as rendered", "concurrently, as the docs show"])
+def test_an_install_without_the_new_ready_indexes_gets_them_from_autogenerate(
+    make_project: Callable[..., Project], pg: Engine, schemas: Schemas, migration: str
+) -> None:
+    """An install made before the kind and order ready indexes: autogenerate renders both."""
+    project = make_project(snippet("models"))
+    project.autogenerate("job queue and outbox")
+    project.upgrade()
+    with pg.begin() as connection:  # what the earlier release's create_job_queue made
+        for name in ("jobs_ready_kind_idx", "jobs_ready_order_idx"):
+            connection.execute(text(f"DROP INDEX {schemas.home}.{name}"))
+
+    fix = project.autogenerate("ready indexes")
+    upgrade = statements(fix, "upgrade")
+    rendered = ast.parse(snippet("ready-indexes-rendered")).body[0]
+    assert isinstance(rendered, ast.FunctionDef)
+    assert upgrade == [ast.unparse(statement) for statement in rendered.body]  # as the docs show
+    if migration != "as rendered":
+        source = fix.read_text()
+        body = textwrap.indent(snippet("ready-indexes-concurrently"), "    ")
+        start = source.index("def upgrade() -> None:")
+        end = source.index("def downgrade() -> None:")
+        fix.write_text(f"{source[:start]}def upgrade() -> None:\n{body}\n\n{source[end:]}")
+    project.upgrade()
+    assert indexes(pg, schemas.home) == expected_indexes(schemas.home)
+    assert statements(project.autogenerate("nothing to do"), "upgrade") == ["pass"]
 
 
 def test_autogenerate_restores_a_changed_partial_index_predicate(

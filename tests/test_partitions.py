@@ -333,7 +333,7 @@ def test_rows_already_in_the_default_partition_move_into_the_new_one(
             text("SELECT count(*) FROM pg_indexes WHERE schemaname = :s AND tablename = :t"),
             {"s": SCHEMA, "t": "jobs_p20300101"},
         ).scalar()
-    assert indexes == 5  # the primary key and the four declared on the parent
+    assert indexes == 7  # the primary key and the six declared on the parent
     assert rows_by_partition(pg) == {"jobs_p20300101": 4}
 
 
@@ -507,14 +507,19 @@ def test_the_claim_reads_each_partition_through_its_ready_index(
         # production; forcing it would only prove that the index *can* serve the claim.
         explain = "EXPLAIN (FORMAT JSON) " + compiled.string
         plan = conn.exec_driver_sql(explain, compiled.params).scalar_one()
-    with pg.connect() as conn:  # the partitions' own indexes attached to jobs_ready_idx
+    with pg.connect() as conn:  # the partitions' own indexes attached to the ready indexes
         ready = set(
             conn.execute(
                 text(
                     "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-                    " WHERE i.inhparent = to_regclass(:index)"
+                    " WHERE i.inhparent IN (to_regclass(:queue), to_regclass(:kind),"
+                    " to_regclass(:order))"
                 ),
-                {"index": f"{SCHEMA}.jobs_ready_idx"},
+                {
+                    "queue": f"{SCHEMA}.jobs_ready_idx",
+                    "kind": f"{SCHEMA}.jobs_ready_kind_idx",
+                    "order": f"{SCHEMA}.jobs_ready_order_idx",
+                },
             ).scalars()
         )
     nodes = list(plan_nodes(plan[0]["Plan"]))

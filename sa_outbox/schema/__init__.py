@@ -32,7 +32,9 @@ Example:
     >>> class OutboxEvent(OutboxMixin, Base):
     ...     __tablename__ = "outbox"
     >>> sorted(index.name for index in Job.__table__.indexes)
-    ['jobs_dedup_idx', 'jobs_expired_lease_idx', 'jobs_ready_idx', 'jobs_retention_idx']
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ['jobs_dedup_idx', 'jobs_expired_lease_idx', 'jobs_ready_idx', 'jobs_ready_kind_idx',
+     'jobs_ready_order_idx', 'jobs_retention_idx']
 """
 
 from ._columns import job_table_args, outbox_table_args

@@ -160,7 +160,11 @@ def _index_name(table: str, suffix: str) -> str:
 def job_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index, ...]:
     """The indexes of a job table named ``table_name`` (article, sections 3 and 4).
 
-    ``{t}_ready_idx`` serves the claim (``queue = … ORDER BY priority DESC, run_at, id``),
+    Three partial indexes hold the ready (``pending``) jobs in the claim's order,
+    ``priority DESC, run_at, id``: ``{t}_ready_idx`` led by ``queue`` (a claim naming
+    queues), ``{t}_ready_kind_idx`` led by ``kind`` (a claim naming kinds, as a worker does
+    by default), ``{t}_ready_order_idx`` with no leading name (a claim over everything);
+    whatever a claim names, it walks one of them in order and never sorts the backlog.
     ``{t}_dedup_idx`` makes ``(kind, deduplication_key)`` unique where a key is set,
     ``{t}_expired_lease_idx`` serves the reclaimer, ``{t}_retention_idx`` the pruner.
     On a ``partitioned`` table a unique index must hold ``created_at``, which would make
@@ -168,14 +172,30 @@ def job_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index
     table's dedup trigger searches (see ``sa_outbox.schema._partition_ddl``).
 
     Example:
-        >>> [i.name for i in job_table_args("jobs")]
-        ['jobs_ready_idx', 'jobs_dedup_idx', 'jobs_expired_lease_idx', 'jobs_retention_idx']
+        >>> [i.name for i in job_table_args("jobs")]  # doctest: +NORMALIZE_WHITESPACE
+        ['jobs_ready_idx', 'jobs_ready_kind_idx', 'jobs_ready_order_idx', 'jobs_dedup_idx',
+         'jobs_expired_lease_idx', 'jobs_retention_idx']
     """
     t = identifier(table_name, "job table name")
     return (
         Index(
             _index_name(t, "ready_idx"),
             "queue",
+            desc(column("priority")),
+            "run_at",
+            "id",
+            postgresql_where=text("status = 'pending'"),
+        ),
+        Index(
+            _index_name(t, "ready_kind_idx"),
+            "kind",
+            desc(column("priority")),
+            "run_at",
+            "id",
+            postgresql_where=text("status = 'pending'"),
+        ),
+        Index(
+            _index_name(t, "ready_order_idx"),
             desc(column("priority")),
             "run_at",
             "id",
