@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.core import Context, Sample, SystemSpec, make_row
+from benchmarks.core import BACKLOG, QUICK_BACKLOG, Context, Sample, SystemSpec, make_row
 from benchmarks.database import DEFAULT_URL, ENV_URL, Database
 
 __all__ = ["DEFAULT_N", "QUICK_N", "SYSTEMS", "WORKLOADS", "main"]
@@ -23,12 +23,16 @@ WORKLOADS = {
     "W3": "bulk enqueue, batches of 1,000",
     "W4": "process pre-enqueued jobs, one worker at concurrency 1",
     "W5": "process pre-enqueued jobs at concurrency 8",
+    "W4B": "W4 behind a backlog: n jobs processed of n + 1,000,000 pending",
+    "W5B": "W5 behind a backlog: n jobs processed of n + 1,000,000 pending",
     "W6": "end-to-end latency enqueue → handler start at ~100 jobs/s",
     "W7": "claim throughput with 1,000,000 finished rows of history",
     "W8": "outbox: unit of work → relay → callable publisher",
     "MEM": "memory: one worker processing 1,000,000 jobs (not in the default set)",
 }
-DEFAULT_WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"]
+DEFAULT_WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W4B", "W5B", "W6", "W7", "W8"]
+#: The workloads that run behind a backlog of `BACKLOG` (--quick: `QUICK_BACKLOG`) jobs.
+BACKLOG_WORKLOADS = {"W4B", "W5B"}
 
 #: Module of each system (imported lazily: peers are optional until selected).
 SYSTEMS = {
@@ -47,6 +51,8 @@ DEFAULT_N = {
     "W3": 100_000,
     "W4": 10_000,
     "W5": 10_000,
+    "W4B": 10_000,
+    "W5B": 10_000,
     "W6": 1_000,
     "W8": 10_000,
     "MEM": 1_000_000,
@@ -57,6 +63,8 @@ QUICK_N = {
     "W3": 2_000,
     "W4": 1_000,
     "W5": 1_000,
+    "W4B": 1_000,
+    "W5B": 1_000,
     "W6": 100,
     "W8": 500,
     "MEM": 20_000,
@@ -132,7 +140,10 @@ def run_pair(db: Database, spec: SystemSpec, workload: str, n: int, quick: bool)
     schema = schema_of(spec.name)
     db.reset_schema(schema)
     spec.install(db, schema)
-    ctx = Context(db=db, schema=schema, workload=workload, system=spec.name, n=n, quick=quick)
+    backlog = (QUICK_BACKLOG if quick else BACKLOG) if workload in BACKLOG_WORKLOADS else 0
+    ctx = Context(
+        db=db, schema=schema, workload=workload, system=spec.name, n=n, quick=quick, backlog=backlog
+    )
     return spec.workloads[workload].runner(ctx)
 
 
@@ -177,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if name in broken or name not in systems:
                     continue
                 label = f"{workload} {name} run {run + 1}/{args.runs} (n={n:,})"
+                if workload in BACKLOG_WORKLOADS:
+                    label += f" behind {QUICK_BACKLOG if args.quick else BACKLOG:,} pending"
                 print(f"-- {label}", flush=True)
                 try:
                     sample = run_pair(db, systems[name], workload, n, args.quick)

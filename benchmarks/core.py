@@ -12,6 +12,8 @@ from typing import Any
 from benchmarks.database import Database
 
 __all__ = [
+    "BACKLOG",
+    "QUICK_BACKLOG",
     "BenchmarkError",
     "Context",
     "Runner",
@@ -51,6 +53,9 @@ PRODUCERS = 16
 CONCURRENCY = 8
 #: Jobs (events) per second in the latency workloads (W6, W8).
 RATE = 100.0
+#: Pending jobs behind the ``n`` a backlog workload (W4B, W5B) processes; --quick: the small one.
+BACKLOG = 1_000_000
+QUICK_BACKLOG = 20_000
 
 
 class BenchmarkError(RuntimeError):
@@ -67,6 +72,9 @@ class Context:
     system: str
     n: int
     quick: bool
+    #: Pending jobs enqueued before the run besides its ``n`` (W4B, W5B); the run stops
+    #: once ``n`` are done, and checks that the rest are still there.
+    backlog: int = 0
 
     @property
     def conninfo(self) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 __all__ = ["BENCH_DATABASE", "DEFAULT_URL", "ENV_URL", "Database"]
 
 #: The database the suite creates (if missing) and uses, never the tests' database.
-BENCH_DATABASE = "sa_outbox_bench"
+BENCH_DATABASE = os.environ.get("SA_OUTBOX_BENCH_DATABASE", "sa_outbox_bench")
 #: Where the server is, when neither --database-url nor the environment says.
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 ENV_URL = "SA_OUTBOX_BENCH_DATABASE_URL"
@@ -118,6 +118,13 @@ class Database:
 
         with psycopg.connect(self.conninfo(), autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+    def execute(self, schema: str, sql: str) -> None:
+        """Run ``sql`` (``VACUUM`` too: autocommit) with ``search_path`` = ``schema``."""
+        import psycopg
+
+        with psycopg.connect(self.conninfo(schema), autocommit=True) as conn:
+            conn.execute(sql)
 
     def scalar(self, schema: str, sql: str) -> Any:
         """One value from ``sql``, run with ``search_path`` = ``schema``."""

@@ -37,6 +37,8 @@ WORKLOAD_TITLES = {
     "W4": "W4 process, 1 worker, concurrency 1",
     "W5": "W5 process, concurrency 8",
     "W6": "W6 latency enqueue → handler start, 100/s",
+    "W4B": "W4 behind a backlog of pending jobs",
+    "W5B": "W5 behind a backlog of pending jobs",
     "W7": "W7 claim after 1,000,000 jobs flowed through",
     "W8": "W8 outbox: unit of work → relay → publisher",
     "MEM": "MEM worker memory over many jobs",
@@ -50,8 +52,12 @@ THROUGHPUT_TARGETS = [
     ("W5", "raw", 0.8),
     ("W5", "pgqueuer", 1.5),
     ("W5", "procrastinate", 10.0),
+    ("W4B", "raw", 0.8),
+    ("W5B", "raw", 0.8),
 ]
 LATENCY_TARGETS = [("W6", "p50", 5.0), ("W6", "p99", 20.0)]
+#: (workload, its own reference workload, least ratio): the same system against itself.
+SELF_TARGETS = [("W4B", "W4", 0.9), ("W5B", "W5", 0.9), ("W5", "W4", 1.0)]
 SA_SYSTEMS = ["sa-sync", "sa-async"]
 #: W7: claim throughput after the flow, over the same on a fresh table.
 W7_TARGET = 0.8
@@ -194,7 +200,7 @@ def _ratios(by_key: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> list[st
     lines = ["| workload | sa-outbox | versus | ratio | target |", "|---|---|---|---|---|"]
     targets = {(w, peer): least for w, peer, least in THROUGHPUT_TARGETS}
     found = False
-    for workload in ("W3", "W4", "W5"):
+    for workload in ("W3", "W4", "W5", "W4B", "W5B"):
         for sa in SA_SYSTEMS:
             mine = by_key.get((workload, sa, "throughput"))
             if mine is None:
@@ -213,6 +219,19 @@ def _ratios(by_key: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> list[st
                 versus = "raw COPY" if (workload, peer) == ("W3", "raw") else peer
                 lines.append(f"| {workload} | {sa} | {versus} | {ratio:.2f}x | {target} |")
                 found = True
+    for workload, reference, least in SELF_TARGETS:
+        for sa in SA_SYSTEMS:
+            mine = by_key.get((workload, sa, "throughput"))
+            own = by_key.get((reference, sa, "throughput"))
+            if mine is None or own is None or not own["median"]:
+                continue
+            ratio = mine["median"] / own["median"]
+            verdict = "(met)" if ratio >= least else "(**not met**)"
+            lines.append(
+                f"| {workload} | {sa} | its own {reference} | {ratio:.2f}x |"
+                f" ≥ {least:g}x {verdict} |"
+            )
+            found = True
     for sa in SA_SYSTEMS:
         kept = by_key.get(("W7", sa, "after_vs_fresh"))
         if kept is not None:

@@ -145,7 +145,6 @@ async def _process(ctx: Context, concurrency: int, *, rss: bool) -> Sample:
     worker = AsyncWorker(
         _app(ctx),
         engine,
-        queues="default",
         concurrency=concurrency,
         metrics=done.metrics,
         install_signal_handlers=False,
@@ -183,9 +182,7 @@ async def _latency(ctx: Context) -> Sample:
             all_seen.set()
 
     engine = make_async_engine(ctx, pool_size=4)
-    worker = AsyncWorker(
-        _app(ctx, handler), engine, queues="default", concurrency=1, install_signal_handlers=False
-    )
+    worker = AsyncWorker(_app(ctx, handler), engine, concurrency=1, install_signal_handlers=False)
     queue = AsyncJobQueue(models_for(ctx.schema).job)
     producer = engine.execution_options(isolation_level="AUTOCOMMIT")  # as sa_sync's W6
     task = asyncio.create_task(worker.run())
@@ -287,7 +284,6 @@ async def _memory(ctx: Context) -> Sample:
     worker = AsyncWorker(
         _app(ctx),
         engine,
-        queues="default",
         concurrency=CONCURRENCY,
         metrics=done.metrics,
         install_signal_handlers=False,

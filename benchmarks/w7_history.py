@@ -175,7 +175,6 @@ class _SaSync(_Design):
         worker = Worker(
             app,
             engine,
-            queues="default",
             concurrency=CONCURRENCY,
             metrics=Count(),
             install_signal_handlers=False,
