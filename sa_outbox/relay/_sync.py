@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import tenacity
-from sqlalchemy import Engine
+from sqlalchemy import URL, Engine
 from sqlalchemy.exc import DBAPIError
 
 from .._backoff import Backoff
@@ -29,7 +29,7 @@ from ..queue._results import ClaimedEvent
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
 from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle
-from ._listen import SyncListener, WakePipe
+from ._listen import DEAF_WARNING, SyncListener, WakePipe
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
 
@@ -128,6 +128,7 @@ class Relay:
         retry_initial: dt.timedelta | float = 0.5,
         retry_max: dt.timedelta | float = 30.0,
         clock: Clock | None = None,
+        listen_url: str | URL | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise InvalidArgumentType(
@@ -152,6 +153,7 @@ class Relay:
             prune_interval=prune_interval,
             retry_initial=retry_initial,
             retry_max=retry_max,
+            listen_url=listen_url,
         )
         self.engine = engine
         self.publisher = publisher
@@ -166,6 +168,8 @@ class Relay:
         self._stopping = threading.Event()
         self._wake = WakePipe()
         self._listener: SyncListener | None = None
+        #: Set while the relay's LISTEN connection is open (``listen=True``, in `run`).
+        self.listening = threading.Event()
         self._next_prune = 0.0
         self._vacuumer = None if vacuum is None else Vacuumer(engine, model, vacuum)
 
@@ -270,6 +274,7 @@ class Relay:
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
+                self.listening.clear()
         LOGGER.info("relay %s: stopped", self.name)
 
     def stop(self) -> None:
@@ -357,16 +362,25 @@ class Relay:
         timeout = self.settings.poll_interval.total_seconds()
         if self.settings.listen and self._listener is None:
             try:
-                self._listener = SyncListener.open(self.engine, self._ops)
+                self._listener = SyncListener.open(self.engine, self._ops, self.settings.listen_url)
             except Exception as exc:
                 LOGGER.warning("relay %s: cannot LISTEN (%s): polling", self.name, describe(exc))
+            else:
+                if self._listener is not None:
+                    # What committed since the last claim sent its NOTIFY to nobody: claim
+                    # again now instead of waiting for the next one.
+                    self.listening.set()
+                    return
         if self._listener is None:
             self._stopping.wait(timeout)
             return
         try:
             self._listener.wait(timeout, self._wake)
+            if self._listener.deaf():
+                LOGGER.warning(DEAF_WARNING, self.name, timeout)
         except Exception as exc:  # the connection broke: poll now, listen again next time
             LOGGER.warning("relay %s: LISTEN connection lost (%s)", self.name, describe(exc))
+            self.listening.clear()
             self._listener.close()
             self._listener = None
         self._wake.drain()

@@ -17,10 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from .._clock import Clock
+from .._connect_args import listen_connect_args
 from .._exceptions import InvalidArgument
+from .._pooler import PROBE_NOTIFY_SQL
 from .._sqlstate import is_bad_data
 from ..maintenance._retention import Pruner, PruneReport, Retention
 from ..maintenance._vacuum import Vacuumer, VacuumPolicy, VacuumReport
@@ -376,7 +378,14 @@ class Worker(DriverBase[Engine]):
     # -- the listener --------------------------------------------------------------------
 
     def _start_listener(self) -> None:
+        listen_url = self.listen_url
+
         def connect() -> Any:
+            if listen_url is not None:  # a direct connection, past the engine's pooler
+                import psycopg
+
+                args, kwargs = listen_connect_args(listen_url.get_dialect()(), listen_url)
+                return psycopg.connect(*args, **kwargs)
             raw = self.engine.raw_connection()
             conn = raw.driver_connection
             raw.detach()  # a LISTEN connection never goes back to the pool
@@ -386,12 +395,18 @@ class Worker(DriverBase[Engine]):
             with self.engine.begin() as conn:
                 return _drive(conn, self.core.ops.notify_channel())
 
+        def probe(channel: str) -> None:
+            with self.engine.begin() as conn:
+                conn.execute(text(PROBE_NOTIFY_SQL), {"channel": channel})
+
         self.listener = Listener(
             connect,
             channel,
             on_notify=self._notified,
             on_connect=self._listening,
             listening=self.listening,
+            probe=probe,
+            on_deaf=self._warn_deaf,
         )
         self.listener.start()
 
