@@ -33,7 +33,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PROBE_SECONDS", "NotifyProbe", "athrough_pooler", "through_pooler"]
+from sqlalchemy import Engine, event
+
+__all__ = [
+    "PROBE_SECONDS",
+    "NotifyProbe",
+    "athrough_pooler",
+    "prepare_nothing_behind_a_pooler",
+    "through_pooler",
+]
 
 #: How long a listener behind a pooler waits for its test notification before it warns.
 PROBE_SECONDS = 3.0
@@ -70,6 +78,36 @@ async def athrough_pooler(connection: Any) -> bool:
     cursor = await connection.execute("SELECT pg_backend_pid()")
     row = await cursor.fetchone()
     return row is not None and row[0] != told
+
+
+def prepare_nothing_behind_a_pooler(engine: Engine) -> None:
+    """Turn psycopg's prepared statements off on each new connection of ``engine`` that
+    goes through a pooler (`through_pooler`): what the engines the CLI and the worker
+    supervisor make do, so that they run behind PgBouncer in transaction mode as they are.
+
+    Costs one ``SELECT pg_backend_pid()`` per new connection. For an async engine, pass
+    its ``sync_engine``.
+
+    Example:
+        engine = create_engine(url, connect_args=connect_args())
+        prepare_nothing_behind_a_pooler(engine)
+    """
+
+    @event.listens_for(engine, "connect")
+    def _check(dbapi_connection: Any, _record: object) -> None:
+        driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+        told = getattr(getattr(driver, "info", None), "backend_pid", None)
+        if not isinstance(told, int) or getattr(driver, "prepare_threshold", None) is None:
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SELECT pg_backend_pid()")
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        dbapi_connection.rollback()
+        if row is not None and row[0] != told:
+            driver.prepare_threshold = None
 
 
 class NotifyProbe:

@@ -12,6 +12,7 @@ import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -31,6 +32,7 @@ from sa_outbox.relay._listen import SyncListener
 from .conftest import Job, OutboxEvent
 from .helpers import jobs_by_status
 
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 WAIT = 15.0  # seconds a test waits for an event before it fails (never reached when green)
 
 
@@ -315,3 +317,66 @@ def test_connect_args_refuses_session_options_behind_a_pooler() -> None:
 
     with pytest.raises(InvalidArgument, match="ALTER ROLE"):
         connect_args(transaction_pooler=True, statement_timeout=60)
+
+
+def test_the_cli_engines_prepare_nothing_behind_a_pooler_only(
+    database_url: str, pgbouncer_url: str
+) -> None:
+    from sa_outbox.cli._common import _engine
+    from sa_outbox.cli._common import database_url as cli_url
+
+    for url, expected in ((pgbouncer_url, None), (database_url, 5)):
+        eng = _engine(cli_url(url))
+        try:
+            with eng.connect() as conn:
+                driver = conn.connection.driver_connection
+                assert getattr(driver, "prepare_threshold", "missing") == expected, url
+                for i in range(10):  # past psycopg's threshold: prepared only when direct
+                    conn.execute(text("SELECT :i"), {"i": i})
+        finally:
+            eng.dispose()
+
+
+def test_listen_url_comes_from_the_option_else_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sa_outbox.cli._common import ENV_LISTEN_URL, given_listen_url
+    from sa_outbox.cli._main import build_parser
+
+    monkeypatch.delenv(ENV_LISTEN_URL, raising=False)
+    assert given_listen_url(None) is None
+    monkeypatch.setenv(ENV_LISTEN_URL, "postgres://app@direct:5432/app")
+    assert given_listen_url(None) == "postgresql+psycopg://app@direct:5432/app"
+    assert given_listen_url("postgresql://app@other/app") == "postgresql+psycopg://app@other/app"
+    for command in ("worker", "relay"):
+        args = build_parser().parse_args([command, "x:y", "--listen-url", "postgresql://a@b/c"])
+        assert args.listen_url == "postgresql://a@b/c"
+
+
+def test_the_docs_pooled_worker_runs_behind_pgbouncer(
+    pooled: Engine,
+    pgbouncer_url: str,
+    database_url: str,
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from .test_docs import blocks
+
+    [block] = [b for b in blocks(DOCS / "pgbouncer.md") if b.snippet == "pooled-worker"]
+    monkeypatch.setenv("DATABASE_URL", pgbouncer_url)
+    monkeypatch.setenv("DIRECT_DATABASE_URL", database_url)
+    page: dict[str, Any] = {"Job": Job}
+    exec(block.compiled(), page)
+    worker = page["worker"]
+    try:
+        assert worker.listen_url.port == make_url(database_url).port
+        with pooled.begin() as conn:
+            for i in range(8):
+                JobQueue(Job).enqueue(conn, "send-email", {"to": f"u{i}@example.com"})
+        assert worker.drain(WAIT) == 8
+    finally:
+        worker.close()
+        page["engine"].dispose()
+    assert capsys.readouterr().out.count("sending to") == 8
+    assert jobs_by_status(engine) == {"succeeded": 8}

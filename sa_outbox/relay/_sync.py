@@ -95,6 +95,9 @@ class Relay:
     lease) bounds one publish: a publish that does not finish in time counts as the broker
     being unreachable, and no wave starts unless it can finish within the lease.
     ``clock`` is for tests (`FakeClock`), ``backoff`` is a rejected event's delay.
+    ``listen_url``: a direct PostgreSQL URL for the LISTEN connection alone, when the
+    engine goes through a transaction pooler such as PgBouncer (docs/pgbouncer.md); without
+    it, a LISTEN through a pooler is detected and warned about once, and the relay polls.
 
     The publisher (async, as every publisher is) runs on an event loop in a thread of the
     relay's own. Use `AsyncRelay` from asyncio code.
@@ -105,6 +108,9 @@ class Relay:
         relay = Relay(engine, OutboxEvent, CallablePublisher(print), batch=100)
         report = relay.run_once()  # one cycle, for scripts and tests
         relay.run()  # until relay.stop()
+
+        # behind PgBouncer (transaction mode): LISTEN on a direct connection
+        Relay(pooled_engine, OutboxEvent, publisher, listen_url=os.environ["DIRECT_URL"])
     """
 
     def __init__(

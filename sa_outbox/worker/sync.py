@@ -59,7 +59,8 @@ class Worker(DriverBase[Engine]):
     given a ``retention`` policy (`Retention`; one pruner at a time across all workers, see
     `Pruner`), vacuums its table past ``vacuum.threshold`` dead tuples (`sa_outbox.Vacuumer`,
     checked every ``vacuum.interval``; ``None`` leaves it to autovacuum), wakes up on the
-    table's NOTIFY (``listen``) and polls
+    table's NOTIFY (``listen``; on a connection to ``listen_url`` when given, a direct one
+    past a transaction pooler such as PgBouncer, see docs/pgbouncer.md) and polls
     every ``poll_interval`` anyway. Results wait up to ``ack_delay`` seconds (or until
     ``ack_batch`` are ready) so that one commit acknowledges many jobs.
 
@@ -91,6 +92,9 @@ class Worker(DriverBase[Engine]):
     Example:
         worker = Worker(app, engine, queues=["default", "emails"], concurrency=16)
         worker.run()  # returns after SIGTERM / SIGINT / worker.stop()
+
+        # behind PgBouncer (transaction mode): LISTEN on a direct connection
+        Worker(app, pooled_engine, listen_url="postgresql+psycopg://app@db:5432/app").run()
     """
 
     name = "Worker"
