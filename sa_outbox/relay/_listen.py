@@ -127,11 +127,13 @@ class SyncListener:
             raw.detach()  # ours alone from now on; closed by close()
         try:
             driver.autocommit = True
-            driver.execute(listen_statement(channel))
-            probe = None
-            if through_pooler(driver):
-                probe = NotifyProbe()
+            probe = NotifyProbe() if through_pooler(driver) else None
+            if probe is not None:
                 driver.execute(probe.listen_sql())
+            # The outbox's LISTEN goes last: pg_stat_activity then shows the connection by
+            # it (its last statement) until the first notification.
+            driver.execute(listen_statement(channel))
+            if probe is not None:
                 with engine.begin() as conn:
                     conn.execute(text(PROBE_NOTIFY_SQL), {"channel": probe.channel})
                 probe.start()
@@ -197,11 +199,12 @@ class AsyncListener:
             raw.detach()
         try:
             await driver.set_autocommit(True)
-            await driver.execute(listen_statement(channel))
-            probe = None
-            if await athrough_pooler(driver):
-                probe = NotifyProbe()
+            probe = NotifyProbe() if await athrough_pooler(driver) else None
+            if probe is not None:
                 await driver.execute(probe.listen_sql())
+            # The outbox's LISTEN goes last (see `SyncListener.open`).
+            await driver.execute(listen_statement(channel))
+            if probe is not None:
                 async with engine.begin() as conn:
                     await conn.execute(text(PROBE_NOTIFY_SQL), {"channel": probe.channel})
                 probe.start()

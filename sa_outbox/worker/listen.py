@@ -120,8 +120,8 @@ class Listener:
                     self._conn = conn
                 if self._stopped.is_set():
                     return
-                conn.execute(listen_sql(channel))
                 probe = self._start_probe(conn)
+                conn.execute(listen_sql(channel))  # last: pg_stat_activity shows it
                 attempt = 0
                 log.debug("listening on channel %r", channel)
                 if not self.deaf.is_set():
@@ -238,8 +238,8 @@ class AsyncListener:
                     return
                 conn = await self._connect()
                 await conn.set_autocommit(True)
-                await conn.execute(listen_sql(channel))
                 probe = await self._start_probe(conn)
+                await conn.execute(listen_sql(channel))  # last: pg_stat_activity shows it
                 attempt = 0
                 if not self.deaf.is_set():
                     self.listening.set()
