@@ -71,7 +71,13 @@ def through_pooler(connection: Any) -> bool:
 
 
 async def athrough_pooler(connection: Any) -> bool:
-    """`through_pooler` for a psycopg ``AsyncConnection``."""
+    """`through_pooler` for a psycopg ``AsyncConnection``.
+
+    Example:
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        if await athrough_pooler(conn):
+            print("PgBouncer or another pooler is in between")
+    """
     told = getattr(getattr(connection, "info", None), "backend_pid", None)
     if not isinstance(told, int):
         return False
@@ -138,28 +144,62 @@ class NotifyProbe:
         self.failed = False
 
     def listen_sql(self) -> str:
-        """``LISTEN`` on the probe's channel."""
+        """``LISTEN`` on the probe's channel.
+
+        Example:
+            >>> NotifyProbe().listen_sql().startswith('LISTEN "sa_outbox_probe_')
+            True
+        """
         return f'LISTEN "{self.channel}"'
 
     def start(self) -> None:
-        """The test notification was sent: its time starts now."""
+        """The test notification was sent: its time starts now.
+
+        Example:
+            >>> probe = NotifyProbe(seconds=3.0, timer=lambda: 10.0)
+            >>> probe.start(); probe.timeout(30.0)
+            3.0
+        """
         self._deadline = self._timer() + self.seconds
 
     def seen(self, channel: str) -> bool:
-        """Whether a notification on ``channel`` is the probe's (then not the caller's)."""
+        """Whether a notification on ``channel`` is the probe's (then not the caller's).
+
+        Example:
+            >>> probe = NotifyProbe()
+            >>> probe.seen("public.outbox"), probe.seen(probe.channel), probe.passed
+            (False, True, True)
+        """
         if channel != self.channel:
             return False
         self.passed = True
         return True
 
     def timeout(self, default: float) -> float:
-        """How long the next wait may last: ``default``, or less while the probe waits."""
+        """How long the next wait may last: ``default``, or less while the probe waits.
+
+        Example:
+            >>> now = [0.0]
+            >>> probe = NotifyProbe(seconds=3.0, timer=lambda: now[0])
+            >>> probe.timeout(30.0)  # not started: no bound
+            30.0
+            >>> probe.start(); now[0] = 1.0; probe.timeout(30.0)
+            2.0
+        """
         if self.passed or self.failed or self._deadline is None:
             return default
         return max(0.0, min(default, self._deadline - self._timer()))
 
     def expired(self) -> bool:
-        """True once, the first time it is asked after the deadline with nothing arrived."""
+        """True once, the first time it is asked after the deadline with nothing arrived.
+
+        Example:
+            >>> now = [0.0]
+            >>> probe = NotifyProbe(seconds=3.0, timer=lambda: now[0])
+            >>> probe.start(); now[0] = 3.0
+            >>> probe.expired(), probe.expired(), probe.failed
+            (True, False, True)
+        """
         if self.passed or self.failed or self._deadline is None:
             return False
         if self._timer() < self._deadline:

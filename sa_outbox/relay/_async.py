@@ -115,7 +115,8 @@ class AsyncRelay:
         self._stopping: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: AsyncListener | None = None
-        #: Set while the relay's LISTEN connection is open (``listen=True``, in `run`).
+        #: Set while the relay's LISTEN connection is open (``listen=True``, in `run`):
+        #: ``await relay.listening.wait()`` after starting `run` elsewhere.
         self.listening = asyncio.Event()
         self._next_prune = 0.0
         self._vacuumer = None if vacuum is None else AsyncVacuumer(engine, model, vacuum)

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEAF_WARNING", "AsyncListener", "SyncListener", "WakePipe", "listen_statement"]
 
+#: What a relay logs once when its LISTEN hears nothing, with its name and poll interval:
+#: ``LOGGER.warning(DEAF_WARNING, relay.name, poll_seconds)``.
 DEAF_WARNING = (
     "relay %s: notifications do not reach its LISTEN connection, which goes through a "
     "connection pooler (PgBouncer in transaction mode?): it publishes only when it polls, "
@@ -98,7 +100,13 @@ class SyncListener:
 
     def deaf(self) -> bool:
         """True once: the connection goes through a pooler and its test notification is
-        overdue (notifications cannot arrive)."""
+        overdue (notifications cannot arrive).
+
+        Example:
+            listener.wait(timeout, wake)
+            if listener.deaf():
+                LOGGER.warning(DEAF_WARNING, relay.name, timeout)
+        """
         return self._probe is not None and self._probe.expired()
 
     @classmethod
@@ -170,7 +178,13 @@ class AsyncListener:
 
     def deaf(self) -> bool:
         """True once: the connection goes through a pooler and its test notification is
-        overdue (notifications cannot arrive)."""
+        overdue (notifications cannot arrive).
+
+        Example:
+            await listener.wait(timeout, stopping)
+            if listener.deaf():
+                LOGGER.warning(DEAF_WARNING, relay.name, timeout)
+        """
         return self._probe is not None and self._probe.expired()
 
     @classmethod

@@ -174,7 +174,8 @@ class Relay:
         self._stopping = threading.Event()
         self._wake = WakePipe()
         self._listener: SyncListener | None = None
-        #: Set while the relay's LISTEN connection is open (``listen=True``, in `run`).
+        #: Set while the relay's LISTEN connection is open (``listen=True``, in `run`):
+        #: ``relay.listening.wait(10)`` after starting `run` elsewhere.
         self.listening = threading.Event()
         self._next_prune = 0.0
         self._vacuumer = None if vacuum is None else Vacuumer(engine, model, vacuum)
