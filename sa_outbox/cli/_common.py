@@ -237,11 +237,12 @@ def given_database_url(given: str | None) -> str | None:
 
 def given_listen_url(given: str | None) -> str | None:
     """The direct URL ``worker`` and ``relay`` LISTEN on: ``given`` (``--listen-url``), else
-    ``$SA_OUTBOX_LISTEN_URL``; ``None``: they LISTEN through the database URL.
+    ``$SA_OUTBOX_LISTEN_URL``; ``None``: they LISTEN through the database URL. Checked and
+    named with its driver as `database_url` does.
 
     Example:
         >>> given_listen_url("postgresql://app@db-direct:5432/app")
-        'postgresql://app@db-direct:5432/app'
+        'postgresql+psycopg://app@db-direct:5432/app'
     """
     for raw in (given, os.environ.get(ENV_LISTEN_URL)):
         if raw:
