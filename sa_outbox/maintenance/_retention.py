@@ -42,7 +42,8 @@ DAY = dt.timedelta(days=1)
 class Retention:
     """How long finished rows are kept; ``None`` keeps them forever.
 
-    ``succeeded`` / ``failed`` count from a job's last update (when it finished),
+    ``succeeded`` / ``failed`` / ``cancelled`` count from a job's last update (when it
+    finished),
     ``published`` from an event's ``published_at``. ``batch`` rows are deleted per
     transaction; ``interval`` is how often a `Worker` given this policy prunes.
 
@@ -53,12 +54,13 @@ class Retention:
 
     succeeded: dt.timedelta | float | None = DAY
     failed: dt.timedelta | float | None = 30 * DAY
+    cancelled: dt.timedelta | float | None = 7 * DAY
     published: dt.timedelta | float | None = 7 * DAY
     batch: int = 1000
     interval: dt.timedelta | float = dt.timedelta(hours=1)
 
     def __post_init__(self) -> None:
-        for name in ("succeeded", "failed", "published"):
+        for name in ("succeeded", "failed", "cancelled", "published"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, duration(value, name, allow_zero=True))
@@ -66,7 +68,7 @@ class Retention:
         object.__setattr__(self, "interval", duration(self.interval, "interval"))
 
     def window(self, name: str) -> dt.timedelta | None:
-        """The window of ``"succeeded"``, ``"failed"`` or ``"published"`` as a timedelta.
+        """The window of ``"succeeded"``, ``"failed"``, ``"cancelled"`` or ``"published"``.
 
         Example:
             >>> Retention(published=60).window("published")
@@ -91,6 +93,7 @@ class PruneReport:
 
     succeeded: int = 0
     failed: int = 0
+    cancelled: int = 0
     published: int = 0
     batches: int = 0
     skipped: list[str] = dataclasses.field(default_factory=list)
@@ -98,7 +101,7 @@ class PruneReport:
     @property
     def deleted(self) -> int:
         """All rows deleted, jobs and events."""
-        return self.succeeded + self.failed + self.published
+        return self.succeeded + self.failed + self.cancelled + self.published
 
 
 #: Called after every committed batch with the table, what it pruned and the report so far.
@@ -108,7 +111,7 @@ Progress = Callable[[str, str, int, PruneReport], None]
 @dataclasses.dataclass(frozen=True)
 class _Task:
     table: str
-    what: str  # "succeeded", "failed" or "published"
+    what: str  # "succeeded", "failed", "cancelled" or "published"
     lock: Executable
     delete: Callable[[], Executable]  # built per batch: a FakeClock's "now" is read then
 
@@ -139,7 +142,7 @@ class _Base:
     def _tasks(self) -> Iterator[_Task]:
         r = self.retention
         if self.jobs is not None:
-            for status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+            for status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
                 window = r.window(str(status))
                 if window is None:
                     continue
@@ -170,7 +173,7 @@ class Pruner(_Base):
     """Prune finished jobs and published events in small transactions, one pruner at a time.
 
     `run_once` deletes batch after batch until one deletes fewer than ``retention.batch``
-    rows, for each of succeeded jobs, failed jobs and published events whose window is not
+    rows, for each of succeeded, failed and cancelled jobs and published events whose window is not
     ``None``. ``progress(table, what, deleted, report)`` is called after every batch.
 
     Example:

@@ -22,6 +22,7 @@ from ._job_queue import AsyncJobQueue, JobQueue
 from ._outbox import AsyncOutbox, Outbox
 from ._results import (
     BatchResult,
+    CancelResult,
     ClaimedEvent,
     ClaimedJob,
     EnqueueResult,
@@ -35,6 +36,7 @@ __all__ = [
     "AsyncJobQueue",
     "AsyncOutbox",
     "BatchResult",
+    "CancelResult",
     "ClaimedEvent",
     "ClaimedJob",
     "EnqueueResult",

@@ -24,8 +24,16 @@ from .._json import fast_compact_json
 from .._validation import count
 from ..schema import JobStatus, resolve_table
 from ..statements._common import Dumps, id_token_pairs
+from ..statements._job_cancel import job_ids
 from ..statements._job_claim import COMPLETION_IDS, COMPLETION_TOKENS
-from ._results import BatchResult, ClaimedJob, EnqueueResult, ReclaimedJob, RetryResult
+from ._results import (
+    BatchResult,
+    CancelResult,
+    ClaimedJob,
+    EnqueueResult,
+    ReclaimedJob,
+    RetryResult,
+)
 
 Pair: TypeAlias = tuple[uuid.UUID, uuid.UUID]
 
@@ -268,6 +276,38 @@ class _JobOps:
         stmt = st.fail_job(self.table, job_id, token, error=error, clock=self.clock)
         if (yield stmt).first() is None:
             raise LeaseLost("job", job_id, token, action="fail")
+
+    def snooze(
+        self, job_id: uuid.UUID, token: uuid.UUID, delay: dt.timedelta | float
+    ) -> Op[dt.datetime]:
+        stmt = st.snooze_job(self.table, job_id, token, delay=delay, clock=self.clock)
+        row = (yield stmt).first()
+        if row is None:
+            raise LeaseLost("job", job_id, token, action="snooze")
+        return row[1]  # type: ignore[no-any-return]
+
+    def cancel(self, ids: object) -> Op[CancelResult]:
+        wanted = job_ids([ids] if isinstance(ids, uuid.UUID | str) else ids)
+        changed = {row[0]: JobStatus(row[1]) for row in (yield st.cancel_jobs(self.table, wanted))}
+        rest = [i for i in wanted if i not in changed]
+        found = set()
+        if rest:
+            found = {row[0] for row in (yield st.job_statuses(self.table, rest))}
+        return CancelResult(
+            cancelled=[i for i in wanted if changed.get(i) is JobStatus.PENDING],
+            cancelling=[i for i in wanted if changed.get(i) is JobStatus.RUNNING],
+            finished=[i for i in rest if i in found],
+            unknown=[i for i in rest if i not in found],
+        )
+
+    def held_cancelled(self, pairs: Sequence[Pair]) -> Op[set[Pair]]:
+        """Which of these held (id, token) pairs were cancelled while running."""
+        return {(row[0], row[1]) for row in (yield st.held_cancelled_jobs(self.table, pairs))}
+
+    def finish_cancelled(self, pairs: Sequence[Pair]) -> Op[set[Pair]]:
+        """End the cancellation of these pairs (clear their lease); returns those ended."""
+        stmt = st.finish_cancelled_jobs(self.table, pairs, clock=self.clock)
+        return {(row[0], row[1]) for row in (yield stmt)}
 
     def release_many(self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> Op[BatchResult]:
         rows = (yield st.release_jobs(self.table, pairs, clock=self.clock)).all()

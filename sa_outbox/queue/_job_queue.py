@@ -16,13 +16,20 @@ from ..schema import JobStatus
 from ..statements._common import Dumps
 from ._copy import copy_jobs_async, copy_jobs_sync
 from ._executors import SyncConn, _adrive, _drive, _JobOps
-from ._results import BatchResult, ClaimedJob, EnqueueResult, ReclaimedJob, RetryResult
+from ._results import (
+    BatchResult,
+    CancelResult,
+    ClaimedJob,
+    EnqueueResult,
+    ReclaimedJob,
+    RetryResult,
+)
 
 if TYPE_CHECKING:
     from ._executors import AsyncConn
 
 Pairs = Sequence[tuple[uuid.UUID, uuid.UUID]]
-_FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED)
+_FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 class _Base:
@@ -272,6 +279,25 @@ class JobQueue(_Base):
         options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
         return _drive(conn, self._ops.requeue_failed(options))
 
+    def cancel(
+        self, conn: SyncConn, ids: Iterable[uuid.UUID | str] | uuid.UUID | str
+    ) -> CancelResult:
+        """Cancel jobs by id, in your transaction; returns what became of each id.
+
+        A waiting job (``pending``, due or scheduled, new or to be retried) becomes
+        ``cancelled`` and never runs. A running job becomes ``cancelled`` too, and keeps its
+        lease token: its worker's heartbeat finds it lost, cancels the handler's token with
+        reason `CancelReason.CANCELLED`, and whatever the handler then returns or raises, the
+        job stays ``cancelled`` (every result write is fenced by ``status = 'running'``).
+        Finished jobs are left alone (`CancelResult.finished`); unknown ids are reported.
+
+        Example:
+            with engine.begin() as conn:
+                result = queue.cancel(conn, [job_id])
+            result.cancelled, result.cancelling, result.finished, result.unknown
+        """
+        return _drive(conn, self._ops.cancel(ids))
+
     def prune(
         self,
         conn: SyncConn,
@@ -437,6 +463,12 @@ class AsyncJobQueue(_Base):
         """See `JobQueue.requeue_failed`."""
         options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
         return await _adrive(conn, self._ops.requeue_failed(options))
+
+    async def cancel(
+        self, conn: AsyncConn, ids: Iterable[uuid.UUID | str] | uuid.UUID | str
+    ) -> CancelResult:
+        """See `JobQueue.cancel`."""
+        return await _adrive(conn, self._ops.cancel(ids))
 
     async def prune(
         self,

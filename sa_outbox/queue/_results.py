@@ -86,6 +86,28 @@ class ReclaimedJob:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CancelResult:
+    """What `JobQueue.cancel` did with each id it was given.
+
+    ``cancelled``: jobs that were waiting (``pending``, due or scheduled) and will never
+    run; ``cancelling``: jobs that were running, now ``cancelled`` too, whose worker stops
+    the handler at its next heartbeat; ``finished``: jobs already ``succeeded``,
+    ``failed`` or ``cancelled``, left alone; ``unknown``: no such job. Each list keeps the
+    order of the ids given.
+
+    Example:
+        >>> CancelResult(cancelled=[uuid.UUID(int=1)], cancelling=[], finished=[],
+        ...              unknown=[uuid.UUID(int=2)]).unknown
+        [UUID('00000000-0000-0000-0000-000000000002')]
+    """
+
+    cancelled: list[uuid.UUID]
+    cancelling: list[uuid.UUID]
+    finished: list[uuid.UUID]
+    unknown: list[uuid.UUID]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class BatchResult:
     """Which rows of a batched fenced write matched (``done``) and which had lost (``lost``).
 

@@ -20,7 +20,13 @@ TABLE_KIND_INFO_KEY = "sa_outbox"
 
 
 class JobStatus(enum.StrEnum):
-    """The four states of a job.
+    """The five states of a job.
+
+    ``pending`` (waiting for its ``run_at``, new, retried or snoozed), ``running`` (claimed
+    under a lease), and three finished states, which retention prunes and nothing changes
+    again: ``succeeded``, ``failed`` (a permanent error, or ``max_attempts`` reached) and
+    ``cancelled`` (by `JobQueue.cancel`; a job cancelled while running keeps its lease token
+    until its worker notices, at its next heartbeat, and ends it).
 
     Example:
         >>> JobStatus("running") is JobStatus.RUNNING
@@ -31,6 +37,7 @@ class JobStatus(enum.StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 def job_status_enum(*, create_type: bool = True) -> Enum:
@@ -38,7 +45,7 @@ def job_status_enum(*, create_type: bool = True) -> Enum:
 
     Example:
         >>> job_status_enum().enums
-        ['pending', 'running', 'succeeded', 'failed']
+        ['pending', 'running', 'succeeded', 'failed', 'cancelled']
     """
     return Enum(
         JobStatus,

@@ -2,8 +2,9 @@
 
 May import: ``sa_outbox.schema`` and the foundation modules, nothing that does I/O. Split
 by concern: ``_job_enqueue``, ``_job_claim`` (claim, heartbeat, complete), ``_job_settle``
-(retry, fail, release, reclaim, requeue, prune), ``_job_notify``; ``_outbox_append``,
-``_outbox_claim``, ``_outbox_settle``; ``_maintenance`` and ``_partitions`` (upkeep).
+(retry, fail, snooze, release, reclaim, requeue, prune), ``_job_cancel``, ``_job_notify``;
+``_outbox_append``, ``_outbox_claim``, ``_outbox_settle``; ``_maintenance`` and
+``_partitions`` (upkeep).
 
 No I/O, no sessions, no globals: each function validates its arguments (raising
 `InvalidArgument` / `InvalidArgumentType` before any SQL exists), and returns a statement
@@ -28,6 +29,12 @@ from .._validation import (
     MAX_NAME_LENGTH,
 )
 from ._common import DEFAULT_MAX_PAYLOAD_BYTES
+from ._job_cancel import (
+    cancel_jobs,
+    finish_cancelled_jobs,
+    held_cancelled_jobs,
+    job_statuses,
+)
 from ._job_claim import (
     ACKED,
     COMPLETION_IDS,
@@ -50,6 +57,7 @@ from ._job_settle import (
     release_jobs,
     requeue_failed_jobs,
     retry_job,
+    snooze_job,
 )
 from ._maintenance import (
     PRUNE_LOCK_PREFIX,
@@ -122,6 +130,7 @@ __all__ = [
     "append_event",
     "append_events",
     "attach_partition",
+    "cancel_jobs",
     "check_event",
     "claim_events",
     "claim_jobs",
@@ -139,10 +148,13 @@ __all__ = [
     "enqueue_job",
     "enqueue_jobs",
     "fail_job",
+    "finish_cancelled_jobs",
     "has_unfinished_rows",
     "heartbeat_job",
     "heartbeat_jobs",
+    "held_cancelled_jobs",
     "job_notify_channel_of",
+    "job_statuses",
     "list_partitions",
     "listen_sql",
     "lock_partition",
@@ -172,6 +184,7 @@ __all__ = [
     "select_now",
     "select_parked_events",
     "set_lock_timeout",
+    "snooze_job",
     "table_layout",
     "table_stats",
     "vacuum_candidates",

@@ -23,4 +23,5 @@ DEFAULT_BACKOFF = Backoff()
 _MAX_INT = 2**31 - 1
 
 
-_FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED})
+#: The states a job never leaves: what retention prunes, what `cancel_jobs` leaves alone.
+_FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})

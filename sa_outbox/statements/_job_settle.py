@@ -1,10 +1,11 @@
-"""Statements that settle jobs otherwise: retry, fail, release, reclaim, requeue, prune
+"""Statements that settle jobs otherwise: retry, fail, snooze, release, reclaim, requeue, prune
 (article, sections 7 and 8), and the counts by status.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from sqlalchemy import (
 
 from .._backoff import Backoff
 from .._clock import Clock
-from .._exceptions import InvalidArgument
+from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import count, duration, name_filter, storable_text
 from ..schema import JobStatus
 from ._common import (
@@ -160,6 +161,83 @@ def release_jobs(
     )
 
 
+#: The longest a handler may snooze its job: past this, enqueue a job for later instead.
+MAX_SNOOZE = dt.timedelta(days=365)
+
+
+def snooze_delay(value: object) -> dt.timedelta:
+    """Check a snooze's delay: a timedelta or a finite number of seconds, from 0 to
+    `MAX_SNOOZE`; returns it as a timedelta.
+
+    Example:
+        >>> snooze_delay(90)
+        datetime.timedelta(seconds=90)
+        >>> snooze_delay(float("nan"))
+        Traceback (most recent call last):
+        ...
+        sa_outbox._exceptions.InvalidArgument: snooze delay must be a finite number of \
+seconds, got nan
+    """
+    if isinstance(value, bool) or not isinstance(value, dt.timedelta | int | float):
+        raise InvalidArgumentType(
+            f"snooze delay must be a timedelta or a number of seconds, got {type(value).__name__}"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgument(f"snooze delay must be a finite number of seconds, got {value}")
+    if not isinstance(value, dt.timedelta) and abs(value) > MAX_SNOOZE.total_seconds():
+        raise InvalidArgument(
+            f"snooze delay must be at most {MAX_SNOOZE.days} days ({MAX_SNOOZE.total_seconds():g}"
+            f" s), got {value:g} s"
+        )
+    delta = value if isinstance(value, dt.timedelta) else dt.timedelta(seconds=value)
+    if delta < dt.timedelta(0):
+        raise InvalidArgument(f"snooze delay must be zero or more, got {delta}")
+    if delta > MAX_SNOOZE:
+        raise InvalidArgument(f"snooze delay must be at most {MAX_SNOOZE.days} days, got {delta}")
+    return delta
+
+
+def snooze_job(
+    target: object,
+    job_id: object,
+    token: object,
+    *,
+    delay: dt.timedelta | float,
+    clock: Clock | None = None,
+) -> Update:
+    """Send a running job back to ``pending`` at ``now + delay`` without counting a failure.
+
+    A handler's `Snooze`: the attempt the claim counted is given back (``attempts - 1``), so
+    ``max_attempts`` counts only failed runs and crashes; ``last_error`` is left as it is.
+    Fenced by status and token like every result write; returns ``id, run_at``.
+
+    Example:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> sql = str(snooze_job(Job, uuid.uuid4(), uuid.uuid4(), delay=60))
+        >>> "attempts=greatest(jobs.attempts - :attempts_1, :greatest_1)" in sql
+        True
+    """
+    wait = snooze_delay(delay)
+    t = table_of(target)
+    now = now_of(clock)
+    return (
+        update(t)
+        .where(*_running(t, job_id, token))
+        .values(
+            status=JobStatus.PENDING,
+            run_at=now + interval(wait),
+            attempts=func.greatest(t.c.attempts - 1, 0),
+            updated_at=now,
+            **_RELEASED,
+        )
+        .returning(t.c.id, t.c.run_at)
+    )
+
+
 def _failed_if(exhausted: Any, t: Any) -> Any:
     """``CASE WHEN exhausted THEN 'failed' ELSE 'pending' END``, typed as the status enum."""
     return case(
@@ -278,15 +356,19 @@ def prune_jobs(
     target: object,
     *,
     older_than: dt.timedelta | float,
-    statuses: Iterable[JobStatus | str] = (JobStatus.SUCCEEDED, JobStatus.FAILED),
+    statuses: Iterable[JobStatus | str] = (
+        JobStatus.SUCCEEDED,
+        JobStatus.FAILED,
+        JobStatus.CANCELLED,
+    ),
     batch: int = 1000,
     clock: Clock | None = None,
 ) -> Delete:
     """Delete one batch of finished jobs last updated more than ``older_than`` ago.
 
-    Only ``succeeded`` and ``failed`` may be pruned. Rows are picked with ``FOR UPDATE SKIP
-    LOCKED`` so a prune never waits on (or holds up) the queue; run it until it deletes
-    fewer than ``batch`` rows.
+    Only finished jobs (``succeeded``, ``failed``, ``cancelled``) may be pruned. Rows are
+    picked with ``FOR UPDATE SKIP LOCKED`` so a prune never waits on (or holds up) the
+    queue; run it until it deletes fewer than ``batch`` rows.
 
     Example:
         >>> from sa_outbox.schema import JobMixin
@@ -306,7 +388,8 @@ def prune_jobs(
             raise InvalidArgument(f"unknown job status {status!r}") from None
     if not wanted or not set(wanted) <= _FINISHED:
         raise InvalidArgument(
-            f"only finished jobs (succeeded, failed) can be pruned, got {[str(s) for s in wanted]}"
+            "only finished jobs (succeeded, failed, cancelled) can be pruned, "
+            f"got {[str(s) for s in wanted]}"
         )
     t = table_of(target)
     now = now_of(clock)

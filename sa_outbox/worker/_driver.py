@@ -419,9 +419,10 @@ class DriverBase(abc.ABC, Generic[E]):
     def _log_pruned(report: PruneReport) -> None:
         if report.deleted or report.skipped:
             log.info(
-                "pruned %d succeeded and %d failed jobs in %d batches%s",
+                "pruned %d succeeded, %d failed and %d cancelled jobs in %d batches%s",
                 report.succeeded,
                 report.failed,
+                report.cancelled,
                 report.batches,
                 " (another pruner held the lock)" if report.skipped else "",
             )
