@@ -359,6 +359,7 @@ def test_counts(engine: Engine, queue: JobQueue) -> None:
             JobStatus.RUNNING: 1,
             JobStatus.SUCCEEDED: 0,
             JobStatus.FAILED: 0,
+            JobStatus.CANCELLED: 0,
         }
 
 

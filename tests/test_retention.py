@@ -133,8 +133,9 @@ def test_prunes_each_window_in_bounded_batches_and_keeps_the_rest(engine):
     # batches of at most 4, each its own transaction, until one deletes fewer than 4
     assert [n for _, what, n in seen if what == "succeeded"] == [4, 4, 4, 4, 4, 4, 1]
     assert [n for _, what, n in seen if what == "failed"] == [4, 3]
+    assert [n for _, what, n in seen if what == "cancelled"] == [0]  # none to prune
     assert [n for _, what, n in seen if what == "published"] == [4, 4, 4, 0]
-    assert report.batches == len(seen) == 13
+    assert report.batches == len(seen) == 14
     assert {table for table, _, _ in seen} == {JOBS.fullname, EVENTS.fullname}
     assert job_counts(engine) == KEPT_JOBS
     assert event_counts(engine) == {"old published": 0, "recent published": 2, "unpublished": 5}
@@ -277,7 +278,13 @@ def test_table_health_reports_every_field(engine):
         before = table_health(conn, jobs=Job, outbox=OutboxEvent, clock=clock)
     assert before.jobs is not None and before.outbox is not None
     assert before.jobs.table == JOBS.fullname and before.outbox.table == EVENTS.fullname
-    assert before.jobs.rows == {"pending": 6, "running": 3, "succeeded": 28, "failed": 9}
+    assert before.jobs.rows == {
+        "pending": 6,
+        "running": 3,
+        "succeeded": 28,
+        "failed": 9,
+        "cancelled": 0,
+    }
     # the oldest ready pending job: seeded 100 days ago; the future one does not count
     assert before.jobs.oldest_pending_age == 100 * DAY
     assert before.outbox.rows == {"published": 14, "unpublished": 3, "parked": 2}
@@ -390,12 +397,13 @@ def test_the_worker_prunes_on_its_schedule(engine):
         assert worker.prune_due() is None
         clock.advance(242)  # 721 s: due; the succeeded jobs are not an hour old yet
         report = worker.prune_due()
-        assert report is not None and (report.succeeded, report.batches) == (0, 1)
+        # one batch per window: succeeded, cancelled (the policy keeps failed jobs)
+        assert report is not None and (report.succeeded, report.batches) == (0, 2)
         assert worker.prune_due() is None  # not due again at once
         clock.advance(3600)
         report = worker.prune_due()
         assert report is not None and (report.succeeded, report.failed) == (5, 0)
-        assert report.batches == 3  # 2 + 2 + 1
+        assert report.batches == 4  # 2 + 2 + 1, and one for the cancelled jobs (none)
     finally:
         worker.close()
     assert jobs_by_status(engine) == {"failed": 2, "pending": 1}
@@ -463,7 +471,7 @@ def test_cli_prunes_in_batches_with_progress(engine, database_url, capsys):
     argv += ["--batch", "4", "--progress-every", "5", "--database-url", database_url]
     assert main(argv) == 0
     out, err = capsys.readouterr()
-    assert out == "pruned 25 succeeded and 7 failed jobs, 12 published events in 13 batches\n"
+    assert out == "pruned 25 succeeded and 7 failed jobs, 12 published events in 14 batches\n"
     assert err.count("... ") == 2  # after batches 5 and 10
     assert f"... {JOBS.fullname}: pruned 20 succeeded and 0 failed jobs" in err
     assert job_counts(engine, NOW) == KEPT_JOBS

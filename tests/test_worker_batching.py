@@ -370,7 +370,10 @@ def test_a_worker_completes_and_claims_in_one_statement_and_counts_a_lost_lease(
         assert worker.claim() == 1  # the completion (lost) and the claim of job 1
     finally:
         stop_capturing()
-    assert len(seen) == 1 and "UNION ALL" in seen[0] and "FOR UPDATE SKIP LOCKED" in seen[0]
+    assert "UNION ALL" in seen[0] and "FOR UPDATE SKIP LOCKED" in seen[0]
+    # A pair not completed: one more statement asks whether it was cancelled (it was not).
+    # (`finish_cancelled_jobs`: a fenced UPDATE of the pair if its row is 'cancelled').
+    assert len(seen) == 2 and "UNION ALL" not in seen[1] and "UPDATE" in seen[1]
     assert metrics.outcomes("job")[JobOutcome.LOST] == 1
     row = job_row(engine, first)
     assert (row.status, row.worker_id, row.lease_token) == (

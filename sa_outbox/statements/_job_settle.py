@@ -184,17 +184,15 @@ seconds, got nan
         )
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidArgument(f"snooze delay must be a finite number of seconds, got {value}")
-    if not isinstance(value, dt.timedelta) and abs(value) > MAX_SNOOZE.total_seconds():
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if seconds < 0:
+        raise InvalidArgument(f"snooze delay must be zero or more, got {seconds:g} s")
+    if seconds > MAX_SNOOZE.total_seconds():
         raise InvalidArgument(
-            f"snooze delay must be at most {MAX_SNOOZE.days} days ({MAX_SNOOZE.total_seconds():g}"
-            f" s), got {value:g} s"
+            f"snooze delay must be at most {MAX_SNOOZE.days} days "
+            f"({MAX_SNOOZE.total_seconds():g} s), got {seconds:g} s"
         )
-    delta = value if isinstance(value, dt.timedelta) else dt.timedelta(seconds=value)
-    if delta < dt.timedelta(0):
-        raise InvalidArgument(f"snooze delay must be zero or more, got {delta}")
-    if delta > MAX_SNOOZE:
-        raise InvalidArgument(f"snooze delay must be at most {MAX_SNOOZE.days} days, got {delta}")
-    return delta
+    return value if isinstance(value, dt.timedelta) else dt.timedelta(seconds=value)
 
 
 def snooze_job(

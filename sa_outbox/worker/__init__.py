@@ -30,6 +30,7 @@ from .errors import (
     JobCancelled,
     JobTimeout,
     PermanentError,
+    Snooze,
     UnknownJobKind,
 )
 from .metrics import CountingMetrics, JobOutcome, WorkerMetrics
@@ -56,6 +57,7 @@ __all__ = [
     "JobTimeout",
     "PermanentError",
     "Reclaimer",
+    "Snooze",
     "Supervisor",
     "UnknownJobKind",
     "Worker",

@@ -25,7 +25,14 @@ from ..queue._results import BatchResult, ClaimedJob
 from ..schema import JobStatus
 from ._settings import PREFETCH_BATCHES, PREFETCH_HORIZON, Settings, error_text, log
 from .context import CancelReason, JobContext
-from .errors import InvalidPayload, JobCancelled, JobTimeout, PermanentError, UnknownJobKind
+from .errors import (
+    InvalidPayload,
+    JobCancelled,
+    JobTimeout,
+    PermanentError,
+    Snooze,
+    UnknownJobKind,
+)
 from .metrics import JobOutcome, WorkerMetrics
 from .registry import HandlerSpec, JobApp
 
@@ -37,6 +44,8 @@ class Action(enum.Enum):
     RETRY = "retry"
     FAIL = "fail"
     RELEASE = "release"
+    SNOOZE = "snooze"
+    CANCEL = "cancel"  # cancelled while held: end the cancellation (clear the lease)
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -69,6 +78,15 @@ class Result:
     error: str | None = None
     delay: dt.timedelta | None = None
     seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Beat:
+    """What one heartbeat found: the renewed and lost leases, and which of the lost jobs
+    were cancelled (`JobQueue.cancel`) while this worker held them."""
+
+    result: BatchResult
+    cancelled: frozenset[Pair]
 
 
 @dataclasses.dataclass(slots=True)
@@ -239,7 +257,7 @@ class Core:
             entry = self.queued.popleft()
             entry.queued = False
             if entry.context.cancel.cancelled:  # shutdown or lease lost while it waited
-                self.add(Result(entry, Action.RELEASE))
+                self.add(Result(entry, _give_up(entry)))
                 continue
             entry.running = True
             self.busy += 1
@@ -302,8 +320,14 @@ class Core:
         self._ran_for(seconds)
         cancel = entry.context.cancel
         spec = entry.spec
-        if error is None:
+        if cancel.reason is CancelReason.CANCELLED:
+            # The row is 'cancelled' already: no result can be written over it (fenced by
+            # status), whatever the handler did; end the cancellation instead.
+            self.add(Result(entry, Action.CANCEL, seconds=seconds))
+        elif error is None:
             self.add(Result(entry, Action.COMPLETE, seconds=seconds))
+        elif isinstance(error, Snooze):
+            self.add(Result(entry, Action.SNOOZE, None, error.delay, seconds))
         elif isinstance(error, JobCancelled) and cancel.cancelled:
             self.add(Result(entry, Action.RELEASE, seconds=seconds))
         elif isinstance(error, PermanentError | InvalidArgument | InvalidArgumentType) or (
@@ -364,13 +388,18 @@ class Core:
                 assert spec is not None
                 assert spec.timeout is not None
                 entry.abandoned = True
+                seconds = now - (entry.started or entry.claimed_at)
+                if entry.context.cancel.reason is CancelReason.CANCELLED:
+                    self._ran_for(seconds)
+                    self.add(Result(entry, Action.CANCEL, seconds=seconds))
+                    expired.append(entry)
+                    continue
                 entry.context.cancel.cancel(CancelReason.TIMEOUT)
                 error = JobTimeout(
                     f"job kind {entry.job.kind!r} ran longer than its timeout of {spec.timeout:g} s"
                 )
                 log.warning("job %s: %s; it will be retried", entry.job.id, error)
                 delay = spec.retry_delay(entry.job.attempts)
-                seconds = now - (entry.started or entry.claimed_at)
                 self._ran_for(seconds)
                 self.add(Result(entry, Action.RETRY, error_text(error, 4000), delay, seconds))
                 expired.append(entry)
@@ -421,6 +450,7 @@ class Core:
             )
             succeeded, lost = JobOutcome.SUCCEEDED, JobOutcome.LOST
             outcomes = [(r, succeeded if r.entry.pair in done else lost) for r in results]
+            outcomes = yield from self._cancelled_or_lost(outcomes)
             return Written(outcomes, taken)
         completes = [r for r in results if r.action is Action.COMPLETE]
         if completes:
@@ -453,19 +483,47 @@ class Core:
                 elif result.action is Action.FAIL:
                     yield from ops.fail(job.id, job.lease_token, result.error)
                     outcomes.append((result, JobOutcome.FAILED))
+                elif result.action is Action.SNOOZE:
+                    assert result.delay is not None
+                    yield from ops.snooze(job.id, job.lease_token, result.delay)
+                    outcomes.append((result, JobOutcome.SNOOZED))
+                elif result.action is Action.CANCEL:
+                    outcomes.append((result, JobOutcome.LOST))  # unless ended just below
             except LeaseLost:
                 outcomes.append((result, JobOutcome.LOST))
+        outcomes = yield from self._cancelled_or_lost(outcomes)
         claimed: list[ClaimedJob] = []
         if claim:
             claimed = yield from ops.claim({**self.claim_options, "batch": claim})
         return Written(outcomes, claimed)
+
+    def _cancelled_or_lost(
+        self, outcomes: list[tuple[Result, JobOutcome]]
+    ) -> Op[list[tuple[Result, JobOutcome]]]:
+        """A write that matched no row: the job was reclaimed, or cancelled while held
+        (`JobQueue.cancel` sets 'cancelled' and keeps the token). End the cancellations
+        (`st.finish_cancelled_jobs`, fenced by the token); those are ``cancelled``, the
+        others ``lost``. Rare: one more statement only when some pair was not written."""
+        missing = [r.entry.pair for r, outcome in outcomes if outcome is JobOutcome.LOST]
+        if not missing:
+            return outcomes
+        ended = yield from self.ops.finish_cancelled(missing)
+        if not ended:
+            return outcomes
+        cancelled = JobOutcome.CANCELLED
+        return [
+            (r, cancelled if outcome is JobOutcome.LOST and r.entry.pair in ended else outcome)
+            for r, outcome in outcomes
+        ]
 
     def written(self, written: Written) -> None:
         """A write committed: forget the written jobs and report their outcomes."""
         for result, outcome in written.outcomes:
             entry = result.entry
             self.in_flight.pop(entry.pair, None)
-            if outcome is JobOutcome.LOST:
+            if outcome is JobOutcome.CANCELLED:
+                log.info("job %s (%s) was cancelled while it ran", entry.job.id, entry.job.kind)
+            elif outcome is JobOutcome.LOST:
                 log.warning(
                     "job %s (%s): lease lost before its result (%s) was written; the row was "
                     "left as it is",
@@ -521,19 +579,35 @@ class Core:
     def heartbeat_pairs(self) -> list[Pair]:
         return list(self.in_flight)
 
-    def heartbeat_op(self, pairs: Sequence[Pair]) -> Op[BatchResult]:
-        return self.ops.heartbeat_many(pairs, self.settings.lease)
+    def heartbeat_op(self, pairs: Sequence[Pair]) -> Op[Beat]:
+        """Renew the leases; for those found lost (rare), ask which were cancelled."""
+        result = yield from self.ops.heartbeat_many(pairs, self.settings.lease)
+        cancelled: frozenset[Pair] = frozenset()
+        if result.lost:
+            lost_ids = set(result.lost)
+            lost = [pair for pair in pairs if pair[0] in lost_ids]
+            cancelled = frozenset((yield from self.ops.held_cancelled(lost)))
+        return Beat(result, cancelled)
 
-    def beaten(self, pairs: Sequence[Pair], result: BatchResult, sent_at: float) -> int:
-        """A heartbeat returned: move the local lease deadlines, cancel the lost; returns how
-        many of the jobs still held were found lost."""
-        lost_ids = set(result.lost)
+    def beaten(self, pairs: Sequence[Pair], beat: Beat, sent_at: float) -> int:
+        """A heartbeat returned: move the local lease deadlines, cancel the lost and the
+        cancelled; returns how many of the jobs still held were found lost."""
+        lost_ids = set(beat.result.lost)
         lost = 0
         for pair in pairs:
             entry = self.in_flight.get(pair)
             if entry is None:
                 continue
-            if pair[0] in lost_ids:
+            if pair in beat.cancelled:
+                if entry.queued:
+                    self._unqueue(entry, CancelReason.CANCELLED)
+                elif entry.running and entry.context.cancel.cancel(CancelReason.CANCELLED):
+                    log.info(
+                        "job %s (%s) was cancelled; its handler is told to stop",
+                        entry.job.id,
+                        entry.job.kind,
+                    )
+            elif pair[0] in lost_ids:
                 # A job whose result waits to be written: the fenced write will tell.
                 if entry.queued:
                     self._unqueue(entry)
@@ -567,12 +641,13 @@ class Core:
                 )
         return lost
 
-    def _unqueue(self, entry: Entry) -> None:
-        """A queued job that may no longer be held: never run it, release it (fenced)."""
+    def _unqueue(self, entry: Entry, reason: CancelReason = CancelReason.LEASE_LOST) -> None:
+        """A queued job that may no longer be held (or was cancelled): never run it;
+        release it, or end its cancellation (fenced)."""
         self.queued.remove(entry)
         entry.queued = False
-        entry.context.cancel.cancel(CancelReason.LEASE_LOST)
-        self.add(Result(entry, Action.RELEASE))
+        entry.context.cancel.cancel(reason)
+        self.add(Result(entry, _give_up(entry)))
 
     # -- shutdown ------------------------------------------------------------------------
 
@@ -624,3 +699,11 @@ class Core:
                 if not e.context.cancel.cancelled:
                     due.append(e.lease_deadline)
         return max(0.0, min(due) - now) if due else None
+
+
+def _give_up(entry: Entry) -> Action:
+    """What to write for a job given up before it ran: a cancelled job's cancellation is
+    ended (it stays 'cancelled'), any other job is released to 'pending'."""
+    if entry.context.cancel.reason is CancelReason.CANCELLED:
+        return Action.CANCEL
+    return Action.RELEASE

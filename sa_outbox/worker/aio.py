@@ -33,6 +33,7 @@ from ._driver import Chore, DriverBase, KeeperPlan
 from ._retry import async_call_retrying
 from ._threads import DaemonPool
 from .context import JobContext
+from .errors import Snooze
 from .listen import AsyncListener
 from .metrics import WorkerMetrics
 from .reclaimer import AsyncReclaimer
@@ -321,9 +322,11 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 core.parse(entry)
                 assert entry.spec is not None
                 if entry.spec.is_async:
-                    await entry.spec.function(entry.context)
+                    returned = await entry.spec.function(entry.context)
                 else:
-                    await self._in_thread(entry.spec.function, entry.context)
+                    returned = await self._in_thread(entry.spec.function, entry.context)
+                if isinstance(returned, Snooze):  # returned rather than raised: the same
+                    error = returned
             except BaseException as exc:
                 error = exc
                 if isinstance(exc, asyncio.CancelledError) and task is not None:
@@ -334,31 +337,33 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 self._wake.set()
             self._finished.set()
 
-    async def _in_thread(self, function: Callable[[JobContext], Any], job: JobContext) -> None:
+    async def _in_thread(self, function: Callable[[JobContext], Any], job: JobContext) -> Any:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
 
-        def settle(error: BaseException | None) -> None:
+        def settle(returned: Any, error: BaseException | None) -> None:
             if future.done():
                 return
             if error is None:
-                future.set_result(None)
+                future.set_result(returned)
             else:
                 future.set_exception(error)
 
         def call() -> None:
+            returned: Any = None
             error: BaseException | None = None
             try:
-                function(job)
+                returned = function(job)
             except BaseException as exc:
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
-                loop.call_soon_threadsafe(settle, error)
+                loop.call_soon_threadsafe(settle, returned, error)
 
         if self._threads is None:
             self._threads = DaemonPool(self.settings.concurrency, "sa-outbox-handler")
         self._threads.submit(call)
-        await future  # never cancelled (see _cancel): the slot stays busy while the thread runs
+        # Never cancelled (see _cancel): the slot stays busy while the thread runs.
+        return await future
 
     def _cancel(self, entries: list[Entry]) -> None:
         for entry in entries:
@@ -533,8 +538,9 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         try:
             if pairs:
                 async with self.engine.begin() as conn:
-                    result = await _adrive(conn, self.core.heartbeat_op(pairs))
-                lost = self.core.beaten(pairs, result, sent_at)
+                    beat = await _adrive(conn, self.core.heartbeat_op(pairs))
+                result = beat.result
+                lost = self.core.beaten(pairs, beat, sent_at)
         finally:  # a heartbeat that failed may leave leases to expire: cancel those jobs
             lost += self.core.expire_leases(self.timer())
         if result is not None:

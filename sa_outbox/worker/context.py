@@ -45,10 +45,14 @@ class CancelReason(enum.StrEnum):
     LEASE_LOST = "lease lost"
     #: The kind's timeout passed; the job has been sent back to be retried.
     TIMEOUT = "timeout"
+    #: The job was cancelled (`JobQueue.cancel`) while it ran: whatever the handler now
+    #: returns or raises, the job ends ``cancelled``; stop as soon as it is safe.
+    CANCELLED = "cancelled"
 
 
 class CancelToken:
-    """Tells a running handler that it should stop: shutdown asked, lease lost, or timeout.
+    """Tells a running handler that it should stop: shutdown asked, lease lost, timeout, or
+    the job cancelled.
 
     Cancellation is cooperative: long work checks ``cancelled``, waits with ``wait`` (threads)
     or ``await wait_async()`` (asyncio) instead of sleeping, or calls `raise_if_cancelled`.

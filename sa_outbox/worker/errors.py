@@ -4,7 +4,8 @@ A handler raises `PermanentError` (or a subclass) when retrying cannot help: the
 ``failed`` at once. The worker itself records `UnknownJobKind` (no handler for the kind),
 `InvalidPayload` (the kind's ``parse`` refused the payload) and `JobTimeout` (the kind's
 timeout passed: retried like any transient error) in ``last_error``. `JobCancelled` is what
-`CancelToken.raise_if_cancelled` raises inside a handler.
+`CancelToken.raise_if_cancelled` raises inside a handler. `Snooze` is not an error: a
+handler returns or raises it to run its job again later, without counting a failure.
 
 Example:
     >>> from sa_outbox import SaOutboxError
@@ -14,7 +15,10 @@ Example:
 
 from __future__ import annotations
 
+import datetime as dt
+
 from .._exceptions import SaOutboxError
+from ..statements._job_settle import MAX_SNOOZE, snooze_delay
 
 __all__ = [
     "DatabaseUnreachable",
@@ -22,6 +26,7 @@ __all__ = [
     "JobCancelled",
     "JobTimeout",
     "PermanentError",
+    "Snooze",
     "UnknownJobKind",
 ]
 
@@ -86,3 +91,35 @@ class JobCancelled(SaOutboxError):
         >>> str(JobCancelled("shutdown"))
         'shutdown'
     """
+
+
+class Snooze(SaOutboxError):
+    """Return or raise it from a handler: run the job again in ``seconds``, as if new.
+
+    The job goes back to ``pending`` with ``run_at = now + seconds`` (on the queue's clock);
+    it is not a failure: the attempt the claim counted is given back (the next run sees the
+    same ``job.attempts``), ``last_error`` is left as it is, and no backoff applies. The
+    write is fenced by the job's lease token like every result, and batched with the
+    others. ``seconds`` is a number of seconds (finite, from 0 to one year) or a
+    ``timedelta``; anything else raises `InvalidArgument` / `InvalidArgumentType` here, in
+    the handler, which then fails the job with that message (nothing is lost: the job is
+    ``failed``, with the reason in ``last_error``).
+
+    Example:
+        >>> Snooze(90).delay
+        datetime.timedelta(seconds=90)
+        >>> Snooze(-1)
+        Traceback (most recent call last):
+        ...
+        sa_outbox._exceptions.InvalidArgument: snooze delay must be zero or more, got -1 s
+    """
+
+    #: The longest snooze accepted.
+    MAX = MAX_SNOOZE
+
+    def __init__(self, seconds: dt.timedelta | float) -> None:
+        self.delay: dt.timedelta = snooze_delay(seconds)
+        super().__init__(f"snoozed for {self.delay.total_seconds():g} s")
+
+    def __repr__(self) -> str:
+        return f"Snooze({self.delay.total_seconds():g})"

@@ -27,7 +27,7 @@ class JobOutcome(enum.StrEnum):
 
     Example:
         >>> [str(o) for o in JobOutcome]
-        ['succeeded', 'retried', 'failed', 'released', 'lost']
+        ['succeeded', 'retried', 'failed', 'released', 'lost', 'snoozed', 'cancelled']
     """
 
     #: Completed: the fenced write committed.
@@ -40,6 +40,10 @@ class JobOutcome(enum.StrEnum):
     RELEASED = "released"
     #: The lease was lost: the fenced write matched no row and changed nothing.
     LOST = "lost"
+    #: The handler snoozed it (`Snooze`): back to ``pending`` later, no attempt counted.
+    SNOOZED = "snoozed"
+    #: Cancelled while it ran (`JobQueue.cancel`): it ended ``cancelled``.
+    CANCELLED = "cancelled"
 
 
 class WorkerMetrics:

@@ -34,7 +34,7 @@ from ._driver import Chore, DriverBase, Interrupted, KeeperPlan
 from ._retry import call_retrying
 from ._settings import check_engine
 from ._threads import DaemonPool
-from .errors import DatabaseUnreachable
+from .errors import DatabaseUnreachable, Snooze
 from .listen import Listener
 from .metrics import WorkerMetrics
 from .reclaimer import Reclaimer
@@ -346,7 +346,9 @@ class Worker(DriverBase[Engine]):
             try:
                 core.parse(entry)
                 assert entry.spec is not None
-                entry.spec.function(entry.context)
+                returned = entry.spec.function(entry.context)
+                if isinstance(returned, Snooze):  # returned rather than raised: the same
+                    error = returned
             except BaseException as exc:
                 error = exc
             with self._cond:
@@ -538,15 +540,16 @@ class Worker(DriverBase[Engine]):
             pairs = self.core.heartbeat_pairs()
             sent_at = self.timer()
         lost = 0
-        result = None
+        beat = result = None
         try:
             if pairs:
                 with self.engine.begin() as conn:
-                    result = _drive(conn, self.core.heartbeat_op(pairs))
+                    beat = _drive(conn, self.core.heartbeat_op(pairs))
+                result = beat.result
         finally:  # a heartbeat that failed may leave leases to expire: cancel those jobs
             with self._cond:
-                if result is not None:
-                    lost = self.core.beaten(pairs, result, sent_at)
+                if beat is not None:
+                    lost = self.core.beaten(pairs, beat, sent_at)
                 lost += self.core.expire_leases(self.timer())
         if result is not None:
             self.core.hook("heartbeat", len(result.done), lost, self.timer() - sent_at)
