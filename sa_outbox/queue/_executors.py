@@ -288,7 +288,10 @@ class _JobOps:
 
     def cancel(self, ids: object) -> Op[CancelResult]:
         wanted = job_ids([ids] if isinstance(ids, uuid.UUID | str) else ids)
-        changed = {row[0]: JobStatus(row[1]) for row in (yield st.cancel_jobs(self.table, wanted))}
+        changed = {
+            row[0]: JobStatus(row[1])
+            for row in (yield st.cancel_jobs(self.table, wanted, clock=self.clock))
+        }
         rest = [i for i in wanted if i not in changed]
         found = set()
         if rest:
