@@ -2,6 +2,7 @@
 
 One line in ``env.py`` sets it up (it registers ``op.create_job_queue``,
 ``op.drop_job_queue``, ``op.create_outbox``, ``op.drop_outbox``, ``op.set_table_storage``,
+``op.add_job_status_values``,
 their renderers and the autogenerate hook)::
 
     import alembic_ext  # noqa: F401
@@ -29,12 +30,14 @@ Example:
 from . import autogenerate as autogenerate
 from . import render as render
 from .operations import (
+    AddJobStatusValuesOp,
     CreateJobQueueOp,
     CreateOutboxOp,
     DropJobQueueOp,
     DropOutboxOp,
     SetTableStorageOp,
     SupportsInvoke,
+    add_job_status_values,
     create_job_queue,
     create_outbox,
     drop_job_queue,
@@ -43,12 +46,14 @@ from .operations import (
 )
 
 __all__ = [
+    "AddJobStatusValuesOp",
     "CreateJobQueueOp",
     "CreateOutboxOp",
     "DropJobQueueOp",
     "DropOutboxOp",
     "SetTableStorageOp",
     "SupportsInvoke",
+    "add_job_status_values",
     "create_job_queue",
     "create_outbox",
     "drop_job_queue",

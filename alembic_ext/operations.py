@@ -18,6 +18,12 @@ for the server's), applied to the table or, when partitioned, to each partition.
 ``op.set_table_storage`` changes them on an existing table (autogenerate renders it when
 the model's settings differ from ``pg_class.reloptions``).
 
+``op.add_job_status_values("jobs")`` upgrades an install made by an earlier release: it
+adds the states the ``job_status`` type lacks (``cancelled``, new in this release) with
+``ALTER TYPE … ADD VALUE IF NOT EXISTS``, outside the migration's transaction (PostgreSQL
+before 12 refuses it in a transaction block, and from 12 on a value added in a
+transaction cannot be used before it commits); running it again changes nothing.
+
 The type is created with a statement of our own, which tolerates a type already made by
 another job table in the same schema (with the same labels); dropping keeps the type while
 another table still uses it. Identifiers are checked when an operation is built, before any
@@ -27,23 +33,26 @@ that a type checker reads (``alembic/op.pyi`` knows nothing of custom operations
 
 from __future__ import annotations
 
-from alembic.operations import Operations
+from alembic.operations import MigrateOperation, Operations
 from sqlalchemy import Enum, Table, literal
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
 
+from sa_outbox._validation import identifier, optional_identifier
 from sa_outbox.schema._notify_trigger import create_notify_trigger_sql, drop_notify_trigger_sql
 from sa_outbox.schema._outbox_triggers import create_outbox_triggers_sql, drop_outbox_triggers_sql
 from sa_outbox.schema._partition_ddl import (
     drop_dedup_trigger_sql,
     setup_sql,
 )
+from sa_outbox.schema._status import JobStatus, job_status_enum
 
 from ._base import StorageArgument, SupportsInvoke, _CreateOperation, _DropOperation
 from ._storage_op import SetTableStorageOp, set_table_storage
 from ._tables import is_job_status_type
 
 __all__ = [
+    "AddJobStatusValuesOp",
     "CreateJobQueueOp",
     "CreateOutboxOp",
     "DropJobQueueOp",
@@ -51,6 +60,7 @@ __all__ = [
     "SetTableStorageOp",
     "StorageArgument",
     "SupportsInvoke",
+    "add_job_status_values",
     "create_job_queue",
     "create_outbox",
     "drop_job_queue",
@@ -382,3 +392,81 @@ def drop_outbox(
             table_name, schema=schema, partition_interval=partition_interval, storage=storage
         )
     )
+
+
+@Operations.register_operation("add_job_status_values")
+class AddJobStatusValuesOp(MigrateOperation):
+    """Add to the ``job_status`` type of a job table's schema the states it lacks.
+
+    For an install made by an earlier release (``cancelled`` came later). It runs in an
+    ``autocommit_block`` (``ALTER TYPE … ADD VALUE`` outside a transaction block, each value
+    committed before anything uses it); ``IF NOT EXISTS`` makes it idempotent. PostgreSQL
+    cannot drop an enum value, so the reverse does nothing: a downgraded worker never writes
+    the new state, and a row in it must be pruned or changed by hand.
+
+    Example:
+        >>> AddJobStatusValuesOp("jobs", schema="work")
+        AddJobStatusValuesOp('jobs', schema='work')
+    """
+
+    def __init__(self, table_name: str, *, schema: str | None = None) -> None:
+        self.table_name: str = identifier(table_name, "table name")
+        self.schema: str | None = optional_identifier(schema, "schema")
+
+    @classmethod
+    def add_job_status_values(
+        cls, operations: Operations, table_name: str, *, schema: str | None = None
+    ) -> None:
+        """Add the job states the table's ``job_status`` type lacks (outside a transaction).
+
+        Example, in a migration::
+
+            op.add_job_status_values("jobs", schema="work")
+        """
+        operations.invoke(cls(table_name, schema=schema))
+
+    def reverse(self) -> _NoOp:
+        return _NoOp()
+
+    def __repr__(self) -> str:
+        return f"AddJobStatusValuesOp({self.table_name!r}, schema={self.schema!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AddJobStatusValuesOp):
+            return NotImplemented
+        return (other.table_name, other.schema) == (self.table_name, self.schema)
+
+    def __hash__(self) -> int:
+        return hash((self.table_name, self.schema))
+
+
+class _NoOp(MigrateOperation):
+    """The reverse of `AddJobStatusValuesOp`: PostgreSQL cannot remove an enum value."""
+
+
+@Operations.implementation_for(AddJobStatusValuesOp)
+def _add_job_status_values(operations: Operations, operation: AddJobStatusValuesOp) -> None:
+    enum = job_status_enum()
+    enum.schema = operation.schema
+    name = _type_name(enum, operations.get_context().dialect)
+    with operations.get_context().autocommit_block():
+        for status in JobStatus:
+            operations.execute(f"ALTER TYPE {name} ADD VALUE IF NOT EXISTS '{status.value}'")
+
+
+@Operations.implementation_for(_NoOp)
+def _nothing(operations: Operations, operation: _NoOp) -> None:
+    pass
+
+
+def add_job_status_values(
+    op: SupportsInvoke, table_name: str, *, schema: str | None = None
+) -> None:
+    """``op.add_job_status_values(...)`` in a form type checkers know.
+
+    Example, in a migration::
+
+        def upgrade() -> None:
+            alembic_ext.add_job_status_values(op, "jobs", schema="work")
+    """
+    op.invoke(AddJobStatusValuesOp(table_name, schema=schema))

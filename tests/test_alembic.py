@@ -60,7 +60,7 @@ from sa_outbox.schema import RECOMMENDED_JOB_STORAGE, TABLE_KIND_INFO_KEY, JobMi
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "alembic.md"
-LABELS = ["pending", "running", "succeeded", "failed"]
+LABELS = ["pending", "running", "succeeded", "failed", "cancelled"]
 #: Alembic 1.16 renamed ``version_path_separator`` to ``path_separator``.
 ALEMBIC_1_16 = tuple(int(part) for part in alembic.__version__.split(".")[:2]) >= (1, 16)
 TEMPLATE_CONFIGURE = """\
@@ -350,8 +350,8 @@ def test_autogenerate_upgrade_and_downgrade(
     command.upgrade(project.config, "head", sql=True)
     offline_sql = capsys.readouterr().out
     assert (
-        "    CREATE TYPE job_status AS ENUM ('pending', 'running', 'succeeded', 'failed');\n"
-        in (offline_sql)
+        "    CREATE TYPE job_status AS ENUM"
+        " ('pending', 'running', 'succeeded', 'failed', 'cancelled');\n" in (offline_sql)
     )
     assert "CREATE TABLE jobs (" in offline_sql
 
