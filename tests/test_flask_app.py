@@ -145,7 +145,13 @@ def test_the_flask_worker_command_sends_the_confirmations(app: Any) -> None:
     assert "worked 4 job(s)" in result.output
     counts = client.get("/status.json").json
     assert counts["emails_sent"] == 3
-    assert counts["jobs"] == {"pending": 0, "running": 0, "succeeded": 3, "failed": 1}
+    assert counts["jobs"] == {
+        "pending": 0,
+        "running": 0,
+        "succeeded": 3,
+        "failed": 1,
+        "cancelled": 0,
+    }
     [[error]] = rows(app, "SELECT last_error FROM jobs WHERE status = 'failed'")
     assert "order 999 does not exist" in error
 
