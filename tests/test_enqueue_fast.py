@@ -195,7 +195,8 @@ async def test_async_enqueue_on_an_async_engine_commits(
 def test_precompiled_text_escapes_other_colons() -> None:
     """A colon in a quoted name is not read as a bind parameter of the text."""
 
-    columns = [Column(c.name, c.type) for c in Job.__table__.columns]
+    # Copies: a type shared with another table would take its schema (an Enum would).
+    columns = [Column(c.name, c.type.copy()) for c in Job.__table__.columns]
     table = Table("jobs:odd", MetaData(), *columns)
     stmt = st.precompiled(st.enqueue_job_template(table))
     sql = str(stmt.compile(dialect=pg_psycopg.dialect()))
