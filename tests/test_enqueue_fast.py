@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
 import sa_outbox
-from sa_outbox import AsyncJobQueue, JobQueue
+from sa_outbox import AsyncJobQueue, JobQueue, SaOutboxError
 from sa_outbox import statements as st
 
 from .conftest import Job, Order
@@ -203,3 +203,64 @@ def test_precompiled_text_escapes_other_colons() -> None:
     assert '"jobs:odd"' in sql
     assert "%(job_kind)s" in sql and "%(job_payload)s" in sql
     assert stmt.selected_columns.keys() == ["id"]
+
+
+BAD_JOBS: list[tuple[str, Any, dict[str, Any]]] = [
+    ("", {}, {}),
+    (" ", {}, {}),
+    ("k\x00", {}, {}),
+    ("x" * 129, {}, {}),
+    (7, {}, {}),
+    ("k", {}, {"queue": None}),
+    ("k", {}, {"priority": True}),
+    ("k", {}, {"priority": 2**31}),
+    ("k", {}, {"max_attempts": 0}),
+    ("k", {}, {"max_attempts": 1.0}),
+    ("k", {}, {"run_at": dt.datetime(2030, 1, 1)}),
+    ("k", {}, {"delay": -1}),
+    ("k", {}, {"delay": 5, "run_at": dt.datetime.now(dt.UTC)}),
+    ("k", {}, {"deduplication_key": 3}),
+    ("k", {}, {"deduplication_key": "k" * 100_000}),
+    ("k", {"a": object()}, {}),
+    ("k", {"a": "\x00"}, {}),
+    ("k", "x" * (2 << 20), {}),
+]
+
+
+@pytest.mark.parametrize(("kind", "payload", "options"), BAD_JOBS)
+def test_the_values_refuse_what_enqueue_job_refuses(
+    kind: Any, payload: Any, options: dict[str, Any]
+) -> None:
+    with pytest.raises(SaOutboxError) as expected:
+        st.enqueue_job(Job, kind, payload, **options)
+    with pytest.raises(type(expected.value)) as got:
+        st.enqueue_job_values(kind, payload, **options)
+    assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"queue": "emails", "priority": -5, "max_attempts": 1},
+        {"deduplication_key": "welcome:ana"},
+        {"delay": 30},
+        {"delay": dt.timedelta(0)},
+        {"run_at": dt.datetime(2031, 1, 1, tzinfo=dt.UTC)},
+    ],
+)
+def test_the_values_are_the_checked_job(options: dict[str, Any]) -> None:
+    values = st.enqueue_job_values("send-email", {"to": "ana"}, **options)
+    assert sorted(values) == sorted(st.ENQUEUE_PARAMETERS)
+    delay = options.get("delay")
+    assert values["job_payload"] == '{"to":"ana"}'
+    assert values["job_kind"] == "send-email"
+    assert values["job_queue"] == options.get("queue", "default")
+    assert values["job_priority"] == options.get("priority", 0)
+    assert values["job_max_attempts"] == options.get("max_attempts", st.DEFAULT_MAX_ATTEMPTS)
+    assert values["job_deduplication_key"] == options.get("deduplication_key")
+    assert values["job_run_at"] == options.get("run_at")
+    assert values["job_delay"] == (
+        dt.timedelta(seconds=delay) if isinstance(delay, int) else delay or dt.timedelta(0)
+    )
+    assert values["job_id"].version == 7
