@@ -3,7 +3,8 @@
 Each operation is written once, as a generator that yields statements and receives their
 results (the sans-I/O style of psycopg 3); `_drive` runs it on a sync Connection/Session and
 `_adrive` on an AsyncConnection/AsyncSession. The public classes are thin wrappers that give
-each operation its typed signature. None of them commits: the caller owns the transaction.
+each operation its typed signature. None of them commits: the caller owns the transaction
+(`_drive_autocommit` excepted: given an Engine, `JobQueue.enqueue` is one autocommit INSERT).
 """
 
 from __future__ import annotations

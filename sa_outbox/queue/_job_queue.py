@@ -68,12 +68,14 @@ class JobQueue(_Base):
 
     Every fenced write (``complete``, ``retry``, ``fail``, ``heartbeat``) raises `LeaseLost`
     when the job is no longer running under the given token, and leaves the row untouched.
+    `enqueue` also takes the `Engine` itself: then the job is one autocommit ``INSERT``.
 
     Example:
         from sa_outbox import JobQueue
         queue = JobQueue(Job)
         with engine.begin() as conn:
             queue.enqueue(conn, "send-email", {"to": "ana@example.com"})
+        queue.enqueue(engine, "send-email", {"to": "bob@example.com"})  # autocommit
         with engine.begin() as conn:
             jobs = queue.claim(conn, worker_id="w1", batch=20)
         # … run the jobs outside any transaction, then:
