@@ -40,7 +40,15 @@ from ._job_claim import (
     heartbeat_jobs,
 )
 from ._job_defaults import DEFAULT_BACKOFF, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
-from ._job_enqueue import NewJob, enqueue_job, enqueue_jobs
+from ._job_enqueue import (
+    ENQUEUE_PARAMETERS,
+    NewJob,
+    enqueue_job,
+    enqueue_job_template,
+    enqueue_job_values,
+    enqueue_jobs,
+    precompiled,
+)
 from ._job_notify import job_notify_channel_of, listen_sql, notify_jobs, parse_notify_payload
 from ._job_settle import (
     count_jobs_by_status,
@@ -111,6 +119,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "DEFAULT_RELAY_BACKOFF",
     "DEFAULT_RELAY_LEASE",
+    "ENQUEUE_PARAMETERS",
     "MAX_AGGREGATE_ID_LENGTH",
     "MAX_DEDUPLICATION_KEY_LENGTH",
     "MAX_NAME_LENGTH",
@@ -137,6 +146,8 @@ __all__ = [
     "detach_partition",
     "drop_partition",
     "enqueue_job",
+    "enqueue_job_template",
+    "enqueue_job_values",
     "enqueue_jobs",
     "fail_job",
     "has_unfinished_rows",
@@ -157,6 +168,7 @@ __all__ = [
     "partition_lock",
     "partition_unlock",
     "partitions_in_schema",
+    "precompiled",
     "prune_events",
     "prune_jobs",
     "prune_lock",
