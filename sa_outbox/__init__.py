@@ -88,10 +88,12 @@ from .worker import (
     JobTimeout,
     PermanentError,
     Reclaimer,
+    Schedule,
     Supervisor,
     UnknownJobKind,
     Worker,
     WorkerMetrics,
+    periodic_tick,
 )
 
 __version__ = "0.1.0.dev0"
@@ -154,6 +156,7 @@ __all__ = [
     "Retention",
     "RetryResult",
     "SaOutboxError",
+    "Schedule",
     "Supervisor",
     "TableHealth",
     "UnknownEventType",
@@ -173,5 +176,6 @@ __all__ = [
     "event_types",
     "install",
     "maintain_partitions",
+    "periodic_tick",
     "table_health",
 ]
