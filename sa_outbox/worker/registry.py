@@ -168,6 +168,10 @@ class JobApp:
     The app's ``backoff`` is also what the reclaimer applies (in SQL) to jobs whose lease
     expired. ``sa-outbox worker myapp.tasks:app`` loads a `JobApp` by that path.
 
+    Periodic jobs: `periodic` (a decorator: the handler and its schedule) or `schedule` (the
+    schedule alone) enqueue a job of a kind at every tick of a cron expression or interval;
+    `schedules` lists them. See docs/worker.md, "Periodic jobs".
+
     Example:
         app = JobApp(Job, backoff=Backoff(base=1, max=300, jitter=1))
 

@@ -59,7 +59,9 @@ class Worker(DriverBase[Engine]):
     that to a separate `Reclaimer`), prunes finished jobs every ``retention.interval`` when
     given a ``retention`` policy (`Retention`; one pruner at a time across all workers, see
     `Pruner`), vacuums its table past ``vacuum.threshold`` dead tuples (`sa_outbox.Vacuumer`,
-    checked every ``vacuum.interval``; ``None`` leaves it to autovacuum), wakes up on the
+    checked every ``vacuum.interval``; ``None`` leaves it to autovacuum), enqueues the app's
+    periodic jobs at their ticks (`JobApp.periodic`; ``schedules=False`` leaves that to the
+    other workers; each tick is enqueued once whatever the number), wakes up on the
     table's NOTIFY (``listen``; on a connection to ``listen_url`` when given, a direct one
     past a transaction pooler such as PgBouncer, see docs/pgbouncer.md) and polls
     every ``poll_interval`` anyway. Results wait up to ``ack_delay`` seconds (or until
