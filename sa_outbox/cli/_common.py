@@ -73,9 +73,12 @@ def database_url(raw: str) -> URL:
     return url.set(drivername=f"postgresql+{_SYNC_DRIVER.get(driver, driver)}")
 
 
-def _engine(url: URL) -> Engine:
+def _engine(url: URL, application_name: str | None = None) -> Engine:
+    args = connect_args()
+    if application_name is not None:
+        args["application_name"] = application_name
     try:
-        return create_engine(url, connect_args=connect_args())
+        return create_engine(url, connect_args=args)
     except ImportError as exc:
         raise CommandError(
             f"the PostgreSQL driver for {url.drivername} could not be loaded ({exc}); "

@@ -41,6 +41,7 @@ from .._connect_args import connect_args
 from .._exceptions import InvalidArgument
 from .._loading import load_instance
 from .._validation import count
+from ..statements import WORKER_APPLICATION_PREFIX
 from ._settings import default_worker_id
 from .aio import AsyncWorker
 from .registry import JobApp
@@ -69,6 +70,11 @@ def _watch_parent(parent: int, stop: Callable[[], None]) -> None:
     stop()
 
 
+def _named(worker_id: str) -> dict[str, object]:
+    # The child names its connections, so that ``sa-outbox status`` lists it as connected.
+    return {**connect_args(), "application_name": f"{WORKER_APPLICATION_PREFIX}{worker_id}"}
+
+
 def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, parent: int) -> None:
     # The child's whole life: load the app, build its engine, run one worker until stopped.
     # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which passes
@@ -79,7 +85,7 @@ def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, p
     if any(app[kind].is_async for kind in app.kinds):
 
         async def run_async() -> None:
-            engine = create_async_engine(url, connect_args=connect_args())
+            engine = create_async_engine(url, connect_args=_named(worker_id))
             worker = AsyncWorker(app, engine, worker_id=worker_id, **options)
             loop = asyncio.get_running_loop()
             threading.Thread(
@@ -94,7 +100,7 @@ def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, p
 
         asyncio.run(run_async())
         return
-    engine = create_engine(url, connect_args=connect_args())
+    engine = create_engine(url, connect_args=_named(worker_id))
     try:
         worker = Worker(app, engine, worker_id=worker_id, **options)
         threading.Thread(target=_watch_parent, args=(parent, worker.stop), daemon=True).start()
