@@ -52,7 +52,9 @@ def console_commands(path: Path) -> list[tuple[int, str, str]]:
     for block in blocks(path):
         if block.language != "console":
             continue
-        command, shown = None, []
+        command: str | None = None
+        shown: list[str] = []
+        start = block.line
         for offset, line in enumerate(block.code.splitlines()):
             if line.startswith("$ "):
                 if command is not None:
@@ -82,7 +84,7 @@ def shop(database_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     (tmp_path / "myapp" / "__init__.py").write_text("")
     (tmp_path / "myapp" / "models.py").write_text(models_snippet())
     namespace: dict[str, object] = {}
-    exec(compile(models_snippet(), str(PAGE), "exec"), namespace)  # noqa: S102 - the page's code
+    exec(compile(models_snippet(), str(PAGE), "exec"), namespace)
     engine = create_engine(shown)
     try:
         namespace["Base"].metadata.create_all(engine)  # type: ignore[attr-defined]
@@ -108,7 +110,8 @@ def set_the_scene(engine: Engine, job: object, event: object) -> None:
         for n in range(2):
             queue.enqueue(conn, "resize-image", {"image": n})
         conn.execute(
-            text("UPDATE jobs SET id = :fixed WHERE id = :id"), {"fixed": FAILED_ID, "id": failing.id}
+            text("UPDATE jobs SET id = :fixed WHERE id = :id"),
+            {"fixed": FAILED_ID, "id": failing.id},
         )
         for aggregate in ("41", "42"):
             outbox.append(
@@ -168,3 +171,40 @@ def test_every_command_prints_what_the_page_shows(shop: tuple[str, Path]) -> Non
         where = f"docs/operations.md:{line}: {command}"
         assert (done.returncode != 0) == ("error:" in done.stderr), f"{where}\n{printed}"
         assert normalised(printed) == normalised(expected), f"{where}\n{printed}"
+
+
+def readme_commands() -> list[str]:
+    """The ``sh`` lines of the README's "See and steer the queue" section."""
+    readme = ROOT / "README.md"
+    text_ = readme.read_text(encoding="utf-8")
+    start = text_.index("## See and steer the queue")
+    end = text_.index("\n## ", start + 1)
+    lines = text_[start:end].splitlines()
+    section_start = text_[:start].count("\n") + 1
+    commands = []
+    for block in blocks(readme):
+        if block.language == "sh" and section_start <= block.line < section_start + len(lines):
+            commands += [line for line in block.code.splitlines() if line.strip()]
+    return commands
+
+
+def test_the_readme_commands_run(shop: tuple[str, Path]) -> None:
+    url, cwd = shop
+    env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": f"{cwd}{os.pathsep}{ROOT}"}
+    env.pop("SA_OUTBOX_DATABASE_URL", None)
+    commands = readme_commands()
+    assert len(commands) == 8
+    for command in commands:
+        argv = shlex.split(command.replace("JOB_ID", str(FAILED_ID)), comments=True)
+        if "--watch" in argv:
+            argv += ["--count", "1"]  # one frame, then exit
+        done = subprocess.run(
+            [sys.executable, "-m", "sa_outbox", *argv[1:]],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, f"README: {command}\n{done.stdout}{done.stderr}"
+        assert done.stdout.strip(), command
