@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
 
 from sa_outbox import JobQueue, NewJob, queue_status
 from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL, main
+from sa_outbox.cli import database_url as cli_database_url
+from sa_outbox.cli._common import _engine
 from sa_outbox.cli._status import CLEAR
 
 from .conftest import Job, OutboxEvent
@@ -276,3 +279,18 @@ def test_help_has_an_example(command: str, capsys: pytest.CaptureFixture[str]) -
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "example:" in out and f"sa-outbox {command} --" in out
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"), [({}, "sa-outbox worker w-1"), ({"application_name": "mine"}, "mine")]
+)
+def test_a_worker_engine_is_named_unless_the_url_names_it(
+    database_url: str, query: dict[str, str], expected: str
+) -> None:
+    url = cli_database_url(make_url(database_url).update_query_dict(query).render_as_string(False))
+    engine = _engine(url, "sa-outbox worker w-1")
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW application_name")).scalar() == expected
+    finally:
+        engine.dispose()

@@ -75,8 +75,8 @@ def database_url(raw: str) -> URL:
 
 def _engine(url: URL, application_name: str | None = None) -> Engine:
     args = connect_args()
-    if application_name is not None:
-        args["application_name"] = application_name
+    if application_name is not None and "application_name" not in url.query:
+        args["application_name"] = application_name  # the URL's own name wins
     try:
         return create_engine(url, connect_args=args)
     except ImportError as exc:

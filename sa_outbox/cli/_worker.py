@@ -186,7 +186,10 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 async def _run_async(app: JobApp, url: URL, options: dict[str, object], name: str) -> None:
-    engine = create_async_engine(url, connect_args={**connect_args(), "application_name": name})
+    args = connect_args()
+    if "application_name" not in url.query:  # the URL's own name wins
+        args["application_name"] = name
+    engine = create_async_engine(url, connect_args=args)
     try:
         await AsyncWorker(app, engine, **options).run()  # type: ignore[arg-type]
     finally:

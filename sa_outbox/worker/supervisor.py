@@ -35,6 +35,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from .._connect_args import connect_args
@@ -70,9 +71,13 @@ def _watch_parent(parent: int, stop: Callable[[], None]) -> None:
     stop()
 
 
-def _named(worker_id: str) -> dict[str, object]:
-    # The child names its connections, so that ``sa-outbox status`` lists it as connected.
-    return {**connect_args(), "application_name": f"{WORKER_APPLICATION_PREFIX}{worker_id}"}
+def _named(url: str, worker_id: str) -> dict[str, object]:
+    # The child names its connections, so that ``sa-outbox status`` lists it as connected,
+    # unless the URL gives a name of its own.
+    args = connect_args()
+    if "application_name" not in make_url(url).query:
+        args["application_name"] = f"{WORKER_APPLICATION_PREFIX}{worker_id}"
+    return args
 
 
 def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, parent: int) -> None:
@@ -85,7 +90,7 @@ def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, p
     if any(app[kind].is_async for kind in app.kinds):
 
         async def run_async() -> None:
-            engine = create_async_engine(url, connect_args=_named(worker_id))
+            engine = create_async_engine(url, connect_args=_named(url, worker_id))
             worker = AsyncWorker(app, engine, worker_id=worker_id, **options)
             loop = asyncio.get_running_loop()
             threading.Thread(
@@ -100,7 +105,7 @@ def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, p
 
         asyncio.run(run_async())
         return
-    engine = create_engine(url, connect_args=_named(worker_id))
+    engine = create_engine(url, connect_args=_named(url, worker_id))
     try:
         worker = Worker(app, engine, worker_id=worker_id, **options)
         threading.Thread(target=_watch_parent, args=(parent, worker.stop), daemon=True).start()
