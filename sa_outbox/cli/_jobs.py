@@ -34,7 +34,7 @@ from ._targets import add_job_target, connection, job_id, job_table
 def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "jobs",
-        help="work with the job table by hand: enqueue a job",
+        help="work with the job table by hand: enqueue, list, show, retry",
         description="Work with the job table by hand.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, title="actions")

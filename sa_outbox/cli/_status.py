@@ -8,11 +8,13 @@ import sys
 import time
 from collections.abc import Callable
 
+from sqlalchemy import Table
+
 from ..queue import QueueDepth, QueueStatus, queue_depths, queue_status
 from ..schema import JobStatus
 from ._common import CommandError, _add_database_url, parse_duration, positive_seconds
 from ._render import age, as_json, moment, span, table
-from ._targets import add_job_target, add_outbox_target, connection, job_table, outbox_table
+from ._targets import add_job_target, add_outbox_target, database, job_table, outbox_table
 
 #: Clears a terminal and puts the cursor home: ``--watch`` redraws in place with it.
 CLEAR = "\x1b[H\x1b[2J"
@@ -215,40 +217,58 @@ def _watch(args: argparse.Namespace, render: Callable[[], str]) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    def frame() -> str:
-        with connection(args) as conn:
-            jobs = job_table(args, conn, required=False)
-            outbox = outbox_table(args, conn, required=False)
-            if jobs is None and outbox is None:
-                raise CommandError(
-                    "give the job table (--model myapp.models:Job or --jobs-table SCHEMA.TABLE), "
-                    "the outbox (--outbox-model TARGET or --outbox-table SCHEMA.TABLE), or both"
-                )
-            found = queue_status(conn, jobs=jobs, outbox=outbox, failed_within=args.failed_within)
-        return as_json(found.as_dict()) if args.json else format_status(found)
+    with database(args) as engine:
+        tables: list[Table | None] = []  # found at the first frame, kept for the next ones
 
-    return _watch(args, frame)
+        def frame() -> str:
+            with engine.connect() as conn:
+                if not tables:
+                    tables.extend(
+                        (
+                            job_table(args, conn, required=False),
+                            outbox_table(args, conn, required=False),
+                        )
+                    )
+                jobs, outbox = tables
+                if jobs is None and outbox is None:
+                    raise CommandError(
+                        "give the job table (--model myapp.models:Job or --jobs-table "
+                        "SCHEMA.TABLE), the outbox (--outbox-model TARGET or --outbox-table "
+                        "SCHEMA.TABLE), or both"
+                    )
+                found = queue_status(
+                    conn, jobs=jobs, outbox=outbox, failed_within=args.failed_within
+                )
+            return as_json(found.as_dict()) if args.json else format_status(found)
+
+        return _watch(args, frame)
 
 
 def _queues(args: argparse.Namespace) -> int:
-    def frame() -> str:
-        with connection(args) as conn:
-            jobs = job_table(args, conn)
-            depths = queue_depths(conn, jobs, within=args.within)
-        if args.json:
-            return as_json(
-                [
-                    {
-                        "queue": d.queue,
-                        "counts": d.counts,
-                        "succeeded": d.succeeded,
-                        "failed": d.failed,
-                        "within": d.within,
-                        "per_minute": d.per_minute,
-                    }
-                    for d in depths
-                ]
-            )
-        return format_queues(depths, args.within)
+    with database(args) as engine:
+        tables: list[Table] = []
 
-    return _watch(args, frame)
+        def frame() -> str:
+            with engine.connect() as conn:
+                if not tables:
+                    found = job_table(args, conn)
+                    assert found is not None
+                    tables.append(found)
+                depths = queue_depths(conn, tables[0], within=args.within)
+            if args.json:
+                return as_json(
+                    [
+                        {
+                            "queue": d.queue,
+                            "counts": d.counts,
+                            "succeeded": d.succeeded,
+                            "failed": d.failed,
+                            "within": d.within,
+                            "per_minute": d.per_minute,
+                        }
+                        for d in depths
+                    ]
+                )
+            return format_queues(depths, args.within)
+
+        return _watch(args, frame)

@@ -178,9 +178,9 @@ def outbox_table(
 
 
 @contextlib.contextmanager
-def connection(args: argparse.Namespace, *, write: bool = False) -> Iterator[Connection]:
-    """A connection on the command's database (a transaction committed at the end when
-    ``write``); a database error becomes a one-line `CommandError` without the password."""
+def database(args: argparse.Namespace) -> Iterator[Engine]:
+    """The command's engine (the preset's, or one on the database URL, disposed at the end);
+    a database error inside becomes a one-line `CommandError` without the password."""
     preset = preset_of(args)
     if preset.engine is not None and not args.database_url:
         url, engine, own = preset.engine.url, preset.engine, False
@@ -188,10 +188,17 @@ def connection(args: argparse.Namespace, *, write: bool = False) -> Iterator[Con
         url, engine = _connect(args)
         own = True
     try:
-        with engine.begin() if write else engine.connect() as conn:
-            yield conn
+        yield engine
     except DBAPIError as exc:
         raise _database_error(url, exc) from exc
     finally:
         if own:
             engine.dispose()
+
+
+@contextlib.contextmanager
+def connection(args: argparse.Namespace, *, write: bool = False) -> Iterator[Connection]:
+    """A connection on the command's `database`; with ``write``, in a transaction committed
+    at the end (rolled back on an error)."""
+    with database(args) as engine, engine.begin() if write else engine.connect() as conn:
+        yield conn

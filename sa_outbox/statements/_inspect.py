@@ -224,8 +224,9 @@ def select_jobs(
     """A listing of jobs, most recently updated first, with ``error_line``: the first line of
     ``last_error`` (the full text is for `select_job`).
 
-    Filters combine with AND; ``statuses`` are compared as text, so an unknown one matches
-    nothing rather than failing.
+    Filters combine with AND; a status must be one of `JobStatus` (compared with the enum
+    column itself, so that ``statuses="failed"`` walks the ``(status, updated_at)`` index
+    newest first instead of reading the table).
 
     Example:
         >>> from sa_outbox.schema import JobMixin
@@ -235,13 +236,23 @@ def select_jobs(
         >>> sql = str(select_jobs(Job, statuses="failed", kinds="send-email", limit=20))
         >>> "split_part(jobs.last_error" in sql and "ORDER BY jobs.updated_at DESC" in sql
         True
-    """
+        >>> select_jobs(Job, statuses=["failed", "lost"])
+        Traceback (most recent call last):
+        ...
+        sa_outbox._exceptions.InvalidArgument: unknown job status 'lost' (one of: pending, running, succeeded, failed)
+    """  # noqa: E501 - a doctest's expected output is one line
     size = count(limit, "limit")
     t = table_of(target)
     stmt = select(*(t.c[name] for name in _JOB_LISTED), _first_line(t.c.last_error))
     status_names = name_filter(statuses, "statuses")
     if status_names is not None:
-        stmt = stmt.where(_status_text(t).in_(status_names))
+        known = [str(s) for s in JobStatus]
+        for name in status_names:
+            if name not in known:
+                expected = ", ".join(known)
+                raise InvalidArgument(f"unknown job status {name!r} (one of: {expected})")
+        wanted = tuple(JobStatus(name) for name in status_names)
+        stmt = stmt.where(in_names(t.c.status, wanted))
     kind_names = name_filter(kinds, "kinds")
     if kind_names is not None:
         stmt = stmt.where(in_names(t.c.kind, kind_names))
@@ -291,6 +302,9 @@ def select_job_statuses(target: object, job_ids: list[Any]) -> Select[Any]:
 
 def job_kind_exists(target: object, kind: str) -> Select[Any]:
     """``EXISTS`` a job of ``kind`` (any status): tells an unknown kind from an idle one.
+
+    It stops at the first row found; for a kind no job has, on a large table, it reads the
+    whole table (no index holds every job by kind).
 
     Example:
         >>> from sa_outbox.schema import JobMixin
