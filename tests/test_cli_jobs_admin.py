@@ -281,3 +281,25 @@ def test_help_has_an_example(argv: list[str], capsys: pytest.CaptureFixture[str]
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "example:" in out and f"sa-outbox {' '.join(argv)} " in out
+
+
+def test_every_command_works_on_tables_named_instead_of_models(
+    engine: Engine, scene: Scene, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = Job.__table__.schema
+    jobs, outbox = ["--jobs-table", f"{schema}.jobs"], ["--outbox-table", f"{schema}.outbox"]
+    code, out, _ = run(capsys, "jobs", "list", "--status", "failed", "--kind", "send-email", *jobs)
+    assert code == 0 and len(out.splitlines()) == 3
+    code, out, _ = run(capsys, "jobs", "show", str(scene.failed[0]), "--json", *jobs)
+    assert code == 0 and json.loads(out)["status"] == "failed"
+    code, out, _ = run(capsys, "jobs", "retry", *map(str, scene.failed), *jobs)
+    assert code == 0 and out.startswith("retried 2 job(s)")
+    assert {str(job(engine, i).status) for i in scene.failed} == {"pending"}
+    code, out, _ = run(capsys, "queues", *jobs, "--json")
+    assert code == 0 and {q["queue"] for q in json.loads(out)} >= {"emails", "images"}
+    code, out, _ = run(capsys, "outbox", "show", str(scene.parked), *outbox)
+    assert code == 0 and "broker said no" in out
+    code, out, _ = run(capsys, "outbox", "retry", str(scene.parked), *outbox)
+    assert code == 0 and str(scene.parked) in out
+    with engine.connect() as conn:
+        assert Outbox(OutboxEvent).parked(conn) == []

@@ -389,6 +389,27 @@ def format_record(found: dict[str, Any], *, long: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+#: How many ids a retry prints before it says how many more there were.
+SHOWN_IDS = 20
+
+
+def listed_ids(ids: list[Any]) -> str:
+    """The ids a retry changed, one a line, the first `SHOWN_IDS` only.
+
+    Example:
+        >>> print(listed_ids(list(range(22))))  # doctest: +ELLIPSIS
+          0
+          1
+        ...
+          19
+          … and 2 more
+    """
+    lines = [f"  {i}" for i in ids[:SHOWN_IDS]]
+    if len(ids) > SHOWN_IDS:
+        lines.append(f"  … and {len(ids) - SHOWN_IDS} more")
+    return "\n".join(lines)
+
+
 def _retry(args: argparse.Namespace) -> int:
     parser: argparse.ArgumentParser = args.parser
     if args.ids and args.all_failed:
@@ -415,5 +436,5 @@ def _retry(args: argparse.Namespace) -> int:
         print("no failed jobs to retry")
     else:
         print(f"retried {len(retried)} job(s), pending now:")
-        print("\n".join(f"  {i}" for i in retried))
+        print(listed_ids(retried))
     return 0

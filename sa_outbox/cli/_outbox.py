@@ -7,7 +7,7 @@ import argparse
 
 from ..queue import get_event, list_events, retry_parked
 from ._common import CommandError, _add_database_url, _positive_int
-from ._jobs import format_record
+from ._jobs import format_record, listed_ids
 from ._render import as_json, moment, table
 from ._targets import add_outbox_target, connection, job_id, outbox_table
 
@@ -142,5 +142,5 @@ def _retry(args: argparse.Namespace) -> int:
         print("no parked events to retry")
     else:
         print(f"retried {len(retried)} event(s), unparked:")
-        print("\n".join(f"  {i}" for i in retried))
+        print(listed_ids(retried))
     return 0
