@@ -267,6 +267,9 @@ def test_usage_errors_exit_2(
 @pytest.mark.parametrize(
     "argv",
     [
+        ["jobs"],
+        ["outbox"],
+        ["jobs", "enqueue"],
         ["jobs", "list"],
         ["jobs", "show"],
         ["jobs", "retry"],

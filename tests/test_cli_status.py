@@ -294,3 +294,25 @@ def test_a_worker_engine_is_named_unless_the_url_names_it(
             assert conn.execute(text("SHOW application_name")).scalar() == expected
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("raise RuntimeError('no settings')\n", "failed: RuntimeError: no settings"),
+        ("x = (\n", "failed: SyntaxError: '(' was never closed ("),
+    ],
+)
+def test_a_model_module_that_fails_to_import_is_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    message: str,
+) -> None:
+    name = f"broken_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run(capsys, "status", "--model", f"{name}:Job")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"sa-outbox status: error: importing '{name}' {message}"), err

@@ -163,6 +163,15 @@ def _import_target(target: str) -> object:
         return import_target(target, example="myapp.models:Job")
     except InvalidArgument as exc:
         raise CommandError(str(exc)) from None
+    except Exception as exc:  # the module itself is broken: say where, in one line
+        module = target.partition(":")[0]
+        where = ""
+        if isinstance(exc, SyntaxError):
+            where = f" ({exc.filename}, line {exc.lineno})"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CommandError(
+            f"importing {module!r} failed: {type(exc).__name__}: {reason}{where}"
+        ) from None
 
 
 def load_table(target: str) -> Table:

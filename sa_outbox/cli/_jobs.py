@@ -36,6 +36,12 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "jobs",
         help="work with the job table by hand: enqueue, list, show, retry",
         description="Work with the job table by hand.",
+        epilog=(
+            "example:\n"
+            "  sa-outbox jobs list --status failed --model myapp.models:Job\n"
+            "  sa-outbox jobs retry --all-failed --kind send-email --model myapp.models:Job"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, title="actions")
     enqueue = actions.add_parser(
@@ -47,6 +53,12 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             "kind is skipped (and said so), not an error. Workers listening on the table "
             "are woken at commit. Durations: 30s, 5m, 2h, 1d, 1w."
         ),
+        epilog=(
+            "example:\n"
+            "  sa-outbox jobs enqueue send-receipt --payload '{\"order_id\": 42}' \\\n"
+            "    --dedup-key receipt:42 --delay 5m --model myapp.models:Job"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     enqueue.add_argument("kind", metavar="KIND", help="the job kind, e.g. send-receipt")
     enqueue.add_argument(

@@ -39,6 +39,12 @@ def _add_outbox(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "outbox",
         help="work with the outbox by hand: list, show and retry parked events",
         description="Work with the outbox table by hand.",
+        epilog=(
+            "example:\n"
+            "  sa-outbox outbox list --parked --outbox-model myapp.models:OutboxEvent\n"
+            "  sa-outbox outbox retry --all-parked --outbox-model myapp.models:OutboxEvent"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, title="actions")
     listing = actions.add_parser(
