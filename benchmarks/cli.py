@@ -23,6 +23,7 @@ WORKLOADS = {
     "W3": "bulk enqueue, batches of 1,000",
     "W4": "process pre-enqueued jobs, one worker at concurrency 1",
     "W5": "process pre-enqueued jobs at concurrency 8",
+    "W5P": "W5 in processes: 2 worker processes x 4 handlers under one supervisor",
     "W4B": "W4 behind a backlog: n jobs processed of n + 1,000,000 pending",
     "W5B": "W5 behind a backlog: n jobs processed of n + 1,000,000 pending",
     "W6": "end-to-end latency enqueue → handler start at ~100 jobs/s",
@@ -30,7 +31,7 @@ WORKLOADS = {
     "W8": "outbox: unit of work → relay → callable publisher",
     "MEM": "memory: one worker processing 1,000,000 jobs (not in the default set)",
 }
-DEFAULT_WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W4B", "W5B", "W6", "W7", "W8"]
+DEFAULT_WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W5P", "W4B", "W5B", "W6", "W7", "W8"]
 #: The workloads that run behind a backlog of `BACKLOG` (--quick: `QUICK_BACKLOG`) jobs.
 BACKLOG_WORKLOADS = {"W4B", "W5B"}
 
@@ -51,6 +52,7 @@ DEFAULT_N = {
     "W3": 100_000,
     "W4": 10_000,
     "W5": 10_000,
+    "W5P": 10_000,
     "W4B": 10_000,
     "W5B": 10_000,
     "W6": 1_000,
@@ -63,6 +65,7 @@ QUICK_N = {
     "W3": 2_000,
     "W4": 1_000,
     "W5": 1_000,
+    "W5P": 1_000,
     "W4B": 1_000,
     "W5B": 1_000,
     "W6": 100,

@@ -37,6 +37,7 @@ WORKLOAD_TITLES = {
     "W4": "W4 process, 1 worker, concurrency 1",
     "W5": "W5 process, concurrency 8",
     "W6": "W6 latency enqueue → handler start, 100/s",
+    "W5P": "W5P process, 2 processes x 4 handlers",
     "W4B": "W4 behind a backlog of pending jobs",
     "W5B": "W5 behind a backlog of pending jobs",
     "W7": "W7 claim after 1,000,000 jobs flowed through",
@@ -52,6 +53,7 @@ THROUGHPUT_TARGETS = [
     ("W5", "raw", 0.8),
     ("W5", "pgqueuer", 1.5),
     ("W5", "procrastinate", 10.0),
+    ("W5P", "raw", 0.8),
     ("W4B", "raw", 0.8),
     ("W5B", "raw", 0.8),
 ]
@@ -200,13 +202,14 @@ def _ratios(by_key: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> list[st
     lines = ["| workload | sa-outbox | versus | ratio | target |", "|---|---|---|---|---|"]
     targets = {(w, peer): least for w, peer, least in THROUGHPUT_TARGETS}
     found = False
-    for workload in ("W3", "W4", "W5", "W4B", "W5B"):
+    for workload in ("W3", "W4", "W5", "W5P", "W4B", "W5B"):
         for sa in SA_SYSTEMS:
             mine = by_key.get((workload, sa, "throughput"))
             if mine is None:
                 continue
             for peer in ("raw", "pgbench", "pgqueuer", "procrastinate"):
-                theirs = by_key.get((workload, peer, "throughput"))
+                # W5P against the peers' W5: the same jobs at the same concurrency.
+                theirs = by_key.get(("W5" if workload == "W5P" else workload, peer, "throughput"))
                 if theirs is None or not theirs["median"]:
                     continue
                 ratio = mine["median"] / theirs["median"]

@@ -26,6 +26,7 @@ from benchmarks.raw import run_threads, split
 from benchmarks.sa_models import (
     check_backlog,
     check_jobs,
+    count_jobs,
     install_sa_schema,
     make_engine,
     models_for,
@@ -186,6 +187,60 @@ def _process(ctx: Context, concurrency: int, *, rss: bool) -> Sample:
     check_backlog(ctx)
     sample["throughput"] = throughput(done.done, done.done_at - started)
     return sample
+
+
+#: W5P: worker processes under one `Supervisor`, and handler threads in each.
+PROCESSES = 2
+PROCESS_CONCURRENCY = CONCURRENCY // PROCESSES
+
+
+def _supervised(ctx: Context) -> Sample:
+    """W5P: the children start and listen, then ``n`` jobs arrive in one transaction; timed
+    from its commit until the database holds ``n`` succeeded jobs (polled every 20 ms)."""
+    import os
+
+    from benchmarks.supervised_app import ENV_SCHEMA
+    from sa_outbox import JobQueue, NewJob, Supervisor
+
+    os.environ[ENV_SCHEMA] = ctx.schema  # the children's app reads it (spawned: a copy)
+    url = ctx.db.sqlalchemy_url().render_as_string(hide_password=False)
+    supervisor = Supervisor(
+        "benchmarks.supervised_app:app",
+        url,
+        processes=PROCESSES,
+        worker_options={"concurrency": PROCESS_CONCURRENCY},
+        install_signal_handlers=False,
+        log_level="WARNING",
+    )
+    runner = threading.Thread(target=supervisor.run, daemon=True)
+    listening = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+    )
+    engine = make_engine(ctx, pool_size=1)
+    try:
+        runner.start()
+        deadline = time.monotonic() + 60
+        while int(ctx.db.scalar(ctx.schema, listening) or 0) < PROCESSES:
+            if time.monotonic() > deadline:
+                raise BenchmarkError("sa-sync: the supervisor's children did not start listening")
+            time.sleep(0.05)
+        jobs = [NewJob("noop", {}) for _ in range(ctx.n)]
+        with engine.begin() as conn:
+            JobQueue(models_for(ctx.schema).job).enqueue_copy(conn, jobs)
+        started = time.perf_counter()
+        deadline = time.monotonic() + ctx.deadline()
+        while count_jobs(ctx, "succeeded") < ctx.n:
+            if time.monotonic() > deadline:
+                raise BenchmarkError(f"sa-sync: {count_jobs(ctx, 'succeeded')} of {ctx.n} done")
+            time.sleep(0.02)
+        done_at = time.perf_counter()
+    finally:
+        supervisor.stop()
+        runner.join(60)
+        engine.dispose()
+    check_jobs(ctx, "succeeded", ctx.n)
+    return {"throughput": throughput(ctx.n, done_at - started)}
 
 
 def _latency(ctx: Context) -> Sample:
@@ -392,6 +447,13 @@ SYSTEM = SystemSpec(
             lambda ctx: _process(ctx, CONCURRENCY, rss=False),
             f"one Worker(concurrency={CONCURRENCY}): {CONCURRENCY} handler threads in one "
             "process, one loop thread claiming and acknowledging in batches",
+        ),
+        "W5P": WorkloadSpec(
+            _supervised,
+            f"Supervisor(processes={PROCESSES}, worker_options={{'concurrency': "
+            f"{PROCESS_CONCURRENCY}}}), defaults otherwise: {PROCESSES} processes x "
+            f"{PROCESS_CONCURRENCY} handler threads; n jobs enqueued in one transaction once "
+            "both listen, timed from its commit to n succeeded (polled every 20 ms)",
         ),
         "W4B": WorkloadSpec(
             lambda ctx: _process(ctx, 1, rss=False),

@@ -27,7 +27,9 @@ class BlackholeProxy:
         self._forwarding = threading.Event()
         self._forwarding.set()
         self._closed = threading.Event()
-        #: Set once a client sent bytes that the blackhole held (a statement is waiting).
+        #: Set once the blackhole holds bytes, either way: a statement a client sent, or
+        #: the answer to one it sent just before (its request passed, its answer is held).
+        #: Either way that client now waits for an answer that does not come.
         self.holding = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -88,7 +90,7 @@ class BlackholeProxy:
             while not self._closed.is_set():
                 ready = selector.select(timeout=0.05)
                 if not self._forwarding.is_set():
-                    if any(key.fileobj is client for key, _ in ready):
+                    if ready:  # nothing is read: these bytes stay where they are
                         self.holding.set()
                     time.sleep(0.01)  # hold the bytes: nothing goes through, nothing closes
                     continue

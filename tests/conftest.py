@@ -81,3 +81,15 @@ async def async_engine(engine: Engine, database_url: str) -> AsyncIterator[Async
     eng = create_async_engine(database_url)
     yield eng
     await eng.dispose()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_url(database_url: str) -> Iterator[str]:
+    """A URL through a PgBouncer of the session's own, in transaction mode, in front of the
+    test server (tests/pgbouncer.py); skips where the ``pgbouncer`` binary is absent."""
+    from .pgbouncer import pgbouncer_binary, start_pgbouncer
+
+    if pgbouncer_binary() is None:
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer): no pooler tests")
+    with start_pgbouncer(database_url) as url:
+        yield url.render_as_string(hide_password=False)

@@ -136,6 +136,35 @@ def test_below_the_threshold_nothing_is_vacuumed(engine: Engine) -> None:
     assert _dead_tuples(engine) >= 100
 
 
+def test_a_big_table_waits_for_dead_tuples_in_proportion_to_its_live_ones(
+    engine: Engine,
+) -> None:
+    """``threshold + scale * live``: a vacuum reads every index whole, so a big table (a
+    backlog of 30,000 here) waits for more dead tuples; ``scale=0`` is the bare threshold."""
+    with engine.connect() as conn:
+        _flow(conn, 1000)  # 2,000 dead tuples
+        JobQueue(Job).enqueue_copy(conn, [NewJob("later", {}) for _ in range(30_000)])
+        conn.commit()  # next to 31,000 live ones
+        conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        conn.commit()
+    dead = _dead_tuples(engine)
+    assert 2000 <= dead < 4000
+    policy = VacuumPolicy(threshold=1000)  # the default scale, 0.1: 1,000 + 3,100 allowed
+    assert policy.dead_tuples_allowed(live=31_000) == 4100
+
+    assert Vacuumer(engine, Job, policy).run_once().vacuumed == []
+    assert _dead_tuples(engine) == dead
+
+    report = Vacuumer(engine, Job, VacuumPolicy(threshold=1000, scale=0)).run_once()
+    assert report.vacuumed == [JOBS]
+    assert _dead_tuples(engine) == 0
+    with engine.begin() as conn:  # the backlog is all there
+        assert dict(conn.execute(select(Job.status, func.count()).group_by(Job.status)).all()) == {
+            "succeeded": 1000,
+            "pending": 30_000,
+        }
+
+
 def test_a_table_another_vacuum_holds_is_skipped_without_waiting(engine: Engine) -> None:
     with engine.connect() as conn:
         _flow(conn, 200)
@@ -213,6 +242,8 @@ async def test_the_async_vacuumer_vacuums_too(engine: Engine, async_engine: Asyn
         ({"threshold": 0}, InvalidArgument, "threshold must be between 1"),
         ({"threshold": "many"}, InvalidArgumentType, "threshold must be an int"),
         ({"interval": 0}, InvalidArgument, "interval must be more than zero"),
+        ({"scale": -0.1}, InvalidArgument, "scale must be between 0 and 100"),
+        ({"scale": "half"}, InvalidArgumentType, "scale must be a number"),
     ],
 )
 def test_a_bad_policy_is_refused_naming_the_field(

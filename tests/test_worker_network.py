@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from sa_outbox import (
@@ -51,6 +51,42 @@ def proxy(database_url: str):
 def _through(database_url: str, proxy: BlackholeProxy) -> str:
     url = make_url(database_url).set(host="127.0.0.1", port=proxy.port)
     return url.render_as_string(hide_password=False)
+
+
+def test_the_blackhole_counts_a_statement_whose_answer_it_holds(engine, database_url, proxy):
+    # A statement sent just before blackhole() passes; its answer is then held, and the
+    # client waits as surely as for one held on its way out: `holding` must say so.
+    behind = create_engine(_through(database_url, proxy))
+    marker = f"/* in flight {proxy.port} */"
+    done = threading.Event()
+
+    def statement() -> None:
+        with behind.connect() as conn:
+            conn.execute(text(f"SELECT pg_sleep(0.5) {marker}"))
+        done.set()
+
+    thread = threading.Thread(target=statement, daemon=True)
+    thread.start()
+    running = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE :q AND pid <> pg_backend_pid()"
+    )
+    try:
+        pause = threading.Event()
+        for _ in range(int(WAIT * 100)):  # until the server runs it: the request has passed
+            with engine.connect() as conn:
+                if conn.execute(running, {"q": f"%{marker}%"}).scalar_one():
+                    break
+            pause.wait(0.01)
+        else:
+            pytest.fail("the statement never reached the server")
+        proxy.blackhole()
+        assert proxy.holding.wait(WAIT)
+        assert not done.is_set()  # its answer (after 0.5 s) is held
+    finally:
+        proxy.restore()
+        thread.join(WAIT)
+        behind.dispose()
+    assert done.is_set()
 
 
 def test_a_worker_started_behind_a_dead_network_gives_up_after_startup_timeout(
@@ -149,7 +185,7 @@ def test_a_second_sigterm_stops_a_worker_whose_statement_hangs(
     try:
         _wait_for(log, "concurrency")  # it connected and started its loop
         proxy.blackhole()
-        assert proxy.holding.wait(WAIT)  # its next claim was sent and is never answered
+        assert proxy.holding.wait(WAIT)  # a claim of its loop waits for an answer
         process.send_signal(signal.SIGTERM)  # graceful: waits for the claim...
         _wait_for(log, "SIGTERM received")
         process.send_signal(signal.SIGTERM)  # ... which never returns: break out of it

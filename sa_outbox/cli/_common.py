@@ -17,6 +17,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument, SaOutboxError
 from .._loading import import_target
+from .._pooler import prepare_nothing_behind_a_pooler
 from ..schema import resolve_table
 from ..worker import JobApp
 
@@ -24,6 +25,9 @@ from ..worker import JobApp
 ENV_DATABASE_URL = "SA_OUTBOX_DATABASE_URL"
 #: The application's own variable, read when `ENV_DATABASE_URL` is not set either.
 ENV_APP_DATABASE_URL = "DATABASE_URL"
+#: Where ``worker`` and ``relay`` take a direct URL for LISTEN from, when not given one
+#: (behind PgBouncer in transaction mode; docs/pgbouncer.md).
+ENV_LISTEN_URL = "SA_OUTBOX_LISTEN_URL"
 #: Where every command looks for the database, in this order, as ``--help`` states it.
 DATABASE_URL_ORDER = f"--database-url URL, else ${ENV_DATABASE_URL}, else ${ENV_APP_DATABASE_URL}"
 
@@ -78,7 +82,9 @@ def _engine(url: URL, application_name: str | None = None) -> Engine:
     if application_name is not None and "application_name" not in url.query:
         args["application_name"] = application_name  # the URL's own name wins
     try:
-        return create_engine(url, connect_args=args)
+        engine = create_engine(url, connect_args=args)
+        prepare_nothing_behind_a_pooler(engine)  # PgBouncer in transaction mode
+        return engine
     except ImportError as exc:
         raise CommandError(
             f"the PostgreSQL driver for {url.drivername} could not be loaded ({exc}); "
@@ -239,6 +245,32 @@ def given_database_url(given: str | None) -> str | None:
         if raw:
             return raw
     return None
+
+
+def given_listen_url(given: str | None) -> str | None:
+    """The direct URL ``worker`` and ``relay`` LISTEN on: ``given`` (``--listen-url``), else
+    ``$SA_OUTBOX_LISTEN_URL``; ``None``: they LISTEN through the database URL. Checked and
+    named with its driver as `database_url` does.
+
+    Example:
+        >>> given_listen_url("postgresql://app@db-direct:5432/app")
+        'postgresql+psycopg://app@db-direct:5432/app'
+    """
+    for raw in (given, os.environ.get(ENV_LISTEN_URL)):
+        if raw:
+            return database_url(raw).render_as_string(hide_password=False)
+    return None
+
+
+def _add_listen_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen-url",
+        metavar="URL",
+        help=(
+            "a direct PostgreSQL URL used only for LISTEN, when the database URL goes "
+            f"through PgBouncer in transaction mode (default: ${ENV_LISTEN_URL})"
+        ),
+    )
 
 
 def _url_of(args: argparse.Namespace) -> URL:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import inspect
 import signal
 from collections.abc import Callable
@@ -26,18 +27,21 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from .._connect_args import connect_args
+from .._connect_args import check_listen_url, connect_args
 from .._exceptions import InvalidArgument
 from .._loading import import_target
+from .._pooler import prepare_nothing_behind_a_pooler
 from ..relay import AsyncRelay, Relay, RelayReport
 from ._common import (
     CommandError,
     _add_database_url,
+    _add_listen_url,
     _add_log_level,
     _database_error,
     _engine,
     _resolve_url,
     _setup_logging,
+    given_listen_url,
 )
 
 _EXAMPLE = "myapp.outbox:make_relay"
@@ -67,6 +71,7 @@ def _add_relay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--once", action="store_true", help="run one cycle, print it, exit")
     _add_database_url(parser, "PostgreSQL URL of the engine given to a TARGET function")
+    _add_listen_url(parser)
     _add_log_level(parser)
     parser.set_defaults(handler=_relay)
 
@@ -160,11 +165,11 @@ def load_relay_target(
         made = found()
     elif kind is not None:
         url = _resolve_url(database_url)
-        engine = (
-            create_async_engine(url, connect_args=connect_args())
-            if kind is AsyncEngine
-            else _engine(url)
-        )
+        if kind is AsyncEngine:
+            engine = create_async_engine(url, connect_args=connect_args())
+            prepare_nothing_behind_a_pooler(engine.sync_engine)
+        else:
+            engine = _engine(url)
         made = found(engine)
     else:
         raise _not_a_relay(target)
@@ -185,6 +190,11 @@ def _dispose_now(engine: Engine | AsyncEngine) -> None:
 def _relay(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
     relay, made = load_relay_target(args.target, args.database_url)
+    listen_url = given_listen_url(args.listen_url)
+    if listen_url is not None:
+        relay.settings = dataclasses.replace(
+            relay.settings, listen_url=check_listen_url(listen_url)
+        )
     try:
         if isinstance(relay, AsyncRelay):
             asyncio.run(_run_async_relay(relay, made, once=args.once))

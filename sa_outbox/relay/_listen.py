@@ -3,6 +3,10 @@
 Each listener holds one dedicated psycopg 3 connection, in autocommit mode, outside the
 engine's pool. With another driver, or when the connection fails, the relay falls back to
 polling every ``poll_interval`` (and tries to listen again on its next idle wait).
+With ``listen_url`` the connection goes there instead of to the engine's URL: a direct one,
+when the engine goes through a transaction pooler that LISTEN cannot pass. A listening
+connection that goes through a pooler sends itself a test notification through the engine
+(`sa_outbox._pooler.NotifyProbe`); `deaf` says when none came back in time.
 
 Example:
     >>> listen_statement("work.outbox")
@@ -17,8 +21,10 @@ import os
 import select
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine
+from sqlalchemy import URL, Engine, text
 
+from .._connect_args import listen_connect_args
+from .._pooler import PROBE_NOTIFY_SQL, NotifyProbe, athrough_pooler, through_pooler
 from ..queue._executors import _adrive, _drive
 from ..queue._outbox import _OutboxOps
 from ._core import LOGGER
@@ -26,7 +32,16 @@ from ._core import LOGGER
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["AsyncListener", "SyncListener", "WakePipe", "listen_statement"]
+__all__ = ["DEAF_WARNING", "AsyncListener", "SyncListener", "WakePipe", "listen_statement"]
+
+#: What a relay logs once when its LISTEN hears nothing, with its name and poll interval:
+#: ``LOGGER.warning(DEAF_WARNING, relay.name, poll_seconds)``.
+DEAF_WARNING = (
+    "relay %s: notifications do not reach its LISTEN connection, which goes through a "
+    "connection pooler (PgBouncer in transaction mode?): it publishes only when it polls, "
+    "every %g s. Give it a direct connection to PostgreSQL for LISTEN: listen_url= "
+    "(sa-outbox relay --listen-url, $SA_OUTBOX_LISTEN_URL; docs/pgbouncer.md)"
+)
 
 
 def listen_statement(channel: str) -> str:
@@ -79,11 +94,25 @@ class SyncListener:
         listener = SyncListener.open(engine, ops)  # None when the driver is not psycopg
     """
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, probe: NotifyProbe | None = None) -> None:
         self._connection = connection
+        self._probe = probe
+
+    def deaf(self) -> bool:
+        """True once: the connection goes through a pooler and its test notification is
+        overdue (notifications cannot arrive).
+
+        Example:
+            listener.wait(timeout, wake)
+            if listener.deaf():
+                LOGGER.warning(DEAF_WARNING, relay.name, timeout)
+        """
+        return self._probe is not None and self._probe.expired()
 
     @classmethod
-    def open(cls, engine: Engine, ops: _OutboxOps) -> SyncListener | None:
+    def open(
+        cls, engine: Engine, ops: _OutboxOps, listen_url: URL | None = None
+    ) -> SyncListener | None:
         try:
             import psycopg
         except ImportError:  # pragma: no cover - psycopg is a dependency
@@ -93,27 +122,43 @@ class SyncListener:
         if channel is None:
             LOGGER.warning("outbox table %s not found: polling", ops.table.fullname)
             return None
-        raw = engine.raw_connection()
-        driver = raw.driver_connection
-        if not isinstance(driver, psycopg.Connection):
-            raw.close()
-            LOGGER.info("the driver is not psycopg 3: polling instead of LISTEN")
-            return None
-        raw.detach()  # ours alone from now on; closed by close()
+        if listen_url is not None:  # a direct connection, past the engine's pooler
+            args, kwargs = listen_connect_args(listen_url.get_dialect()(), listen_url)
+            driver: Any = psycopg.connect(*args, **kwargs)
+        else:
+            raw = engine.raw_connection()
+            driver = raw.driver_connection
+            if not isinstance(driver, psycopg.Connection):
+                raw.close()
+                LOGGER.info("the driver is not psycopg 3: polling instead of LISTEN")
+                return None
+            raw.detach()  # ours alone from now on; closed by close()
         try:
             driver.autocommit = True
+            probe = NotifyProbe() if through_pooler(driver) else None
+            if probe is not None:
+                driver.execute(probe.listen_sql())
+            # The outbox's LISTEN goes last: pg_stat_activity then shows the connection by
+            # it (its last statement) until the first notification.
             driver.execute(listen_statement(channel))
+            if probe is not None:
+                with engine.begin() as conn:
+                    conn.execute(text(PROBE_NOTIFY_SQL), {"channel": probe.channel})
+                probe.start()
         except Exception:
             driver.close()
             raise
-        return cls(driver)
+        return cls(driver, probe)
 
     def wait(self, timeout: float, wake: WakePipe) -> None:
         """Until a notification, ``wake``, or ``timeout`` seconds."""
+        if self._probe is not None:
+            timeout = self._probe.timeout(timeout)
         readable, _, _ = select.select([self._connection.fileno(), wake.read_fd], [], [], timeout)
         if self._connection.fileno() in readable:
-            for _ in self._connection.notifies(timeout=0):
-                pass
+            for notify in self._connection.notifies(timeout=0):
+                if self._probe is not None:
+                    self._probe.seen(notify.channel)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -127,11 +172,25 @@ class AsyncListener:
         listener = await AsyncListener.open(async_engine, ops)
     """
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, probe: NotifyProbe | None = None) -> None:
         self._connection = connection
+        self._probe = probe
+
+    def deaf(self) -> bool:
+        """True once: the connection goes through a pooler and its test notification is
+        overdue (notifications cannot arrive).
+
+        Example:
+            await listener.wait(timeout, stopping)
+            if listener.deaf():
+                LOGGER.warning(DEAF_WARNING, relay.name, timeout)
+        """
+        return self._probe is not None and self._probe.expired()
 
     @classmethod
-    async def open(cls, engine: AsyncEngine, ops: _OutboxOps) -> AsyncListener | None:
+    async def open(
+        cls, engine: AsyncEngine, ops: _OutboxOps, listen_url: URL | None = None
+    ) -> AsyncListener | None:
         try:
             import psycopg
         except ImportError:  # pragma: no cover - psycopg is a dependency
@@ -141,23 +200,37 @@ class AsyncListener:
         if channel is None:
             LOGGER.warning("outbox table %s not found: polling", ops.table.fullname)
             return None
-        raw = await engine.raw_connection()
-        driver = raw.driver_connection
-        if not isinstance(driver, psycopg.AsyncConnection):
-            raw.close()
-            LOGGER.info("the driver is not psycopg 3: polling instead of LISTEN")
-            return None
-        raw.detach()
+        if listen_url is not None:  # a direct connection, past the engine's pooler
+            args, kwargs = listen_connect_args(listen_url.get_dialect()(), listen_url)
+            driver: Any = await psycopg.AsyncConnection.connect(*args, **kwargs)
+        else:
+            raw = await engine.raw_connection()
+            driver = raw.driver_connection
+            if not isinstance(driver, psycopg.AsyncConnection):
+                raw.close()
+                LOGGER.info("the driver is not psycopg 3: polling instead of LISTEN")
+                return None
+            raw.detach()
         try:
             await driver.set_autocommit(True)
+            probe = NotifyProbe() if await athrough_pooler(driver) else None
+            if probe is not None:
+                await driver.execute(probe.listen_sql())
+            # The outbox's LISTEN goes last (see `SyncListener.open`).
             await driver.execute(listen_statement(channel))
+            if probe is not None:
+                async with engine.begin() as conn:
+                    await conn.execute(text(PROBE_NOTIFY_SQL), {"channel": probe.channel})
+                probe.start()
         except Exception:
             await driver.close()
             raise
-        return cls(driver)
+        return cls(driver, probe)
 
     async def wait(self, timeout: float, stopping: asyncio.Event) -> None:
         """Until a notification, ``stopping``, or ``timeout`` seconds."""
+        if self._probe is not None:
+            timeout = self._probe.timeout(timeout)
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
         fd = self._connection.fileno()
@@ -170,8 +243,9 @@ class AsyncListener:
             for waiter in waiters:
                 waiter.cancel()
         if readable.is_set():
-            async for _ in self._connection.notifies(timeout=0):
-                pass
+            async for notify in self._connection.notifies(timeout=0):
+                if self._probe is not None:
+                    self._probe.seen(notify.channel)
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import tenacity
-from sqlalchemy import Engine
+from sqlalchemy import URL, Engine
 from sqlalchemy.exc import DBAPIError
 
 from .._backoff import Backoff
@@ -29,7 +29,7 @@ from ..queue._results import ClaimedEvent
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
 from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle
-from ._listen import SyncListener, WakePipe
+from ._listen import DEAF_WARNING, SyncListener, WakePipe
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
 
@@ -95,6 +95,9 @@ class Relay:
     lease) bounds one publish: a publish that does not finish in time counts as the broker
     being unreachable, and no wave starts unless it can finish within the lease.
     ``clock`` is for tests (`FakeClock`), ``backoff`` is a rejected event's delay.
+    ``listen_url``: a direct PostgreSQL URL for the LISTEN connection alone, when the
+    engine goes through a transaction pooler such as PgBouncer (docs/pgbouncer.md); without
+    it, a LISTEN through a pooler is detected and warned about once, and the relay polls.
 
     The publisher (async, as every publisher is) runs on an event loop in a thread of the
     relay's own. Use `AsyncRelay` from asyncio code.
@@ -105,6 +108,9 @@ class Relay:
         relay = Relay(engine, OutboxEvent, CallablePublisher(print), batch=100)
         report = relay.run_once()  # one cycle, for scripts and tests
         relay.run()  # until relay.stop()
+
+        # behind PgBouncer (transaction mode): LISTEN on a direct connection
+        Relay(pooled_engine, OutboxEvent, publisher, listen_url=os.environ["DIRECT_URL"])
     """
 
     def __init__(
@@ -128,6 +134,7 @@ class Relay:
         retry_initial: dt.timedelta | float = 0.5,
         retry_max: dt.timedelta | float = 30.0,
         clock: Clock | None = None,
+        listen_url: str | URL | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise InvalidArgumentType(
@@ -152,6 +159,7 @@ class Relay:
             prune_interval=prune_interval,
             retry_initial=retry_initial,
             retry_max=retry_max,
+            listen_url=listen_url,
         )
         self.engine = engine
         self.publisher = publisher
@@ -166,6 +174,9 @@ class Relay:
         self._stopping = threading.Event()
         self._wake = WakePipe()
         self._listener: SyncListener | None = None
+        #: Set while the relay's LISTEN connection is open (``listen=True``, in `run`):
+        #: ``relay.listening.wait(10)`` after starting `run` elsewhere.
+        self.listening = threading.Event()
         self._next_prune = 0.0
         self._vacuumer = None if vacuum is None else Vacuumer(engine, model, vacuum)
 
@@ -270,6 +281,7 @@ class Relay:
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
+                self.listening.clear()
         LOGGER.info("relay %s: stopped", self.name)
 
     def stop(self) -> None:
@@ -357,16 +369,25 @@ class Relay:
         timeout = self.settings.poll_interval.total_seconds()
         if self.settings.listen and self._listener is None:
             try:
-                self._listener = SyncListener.open(self.engine, self._ops)
+                self._listener = SyncListener.open(self.engine, self._ops, self.settings.listen_url)
             except Exception as exc:
                 LOGGER.warning("relay %s: cannot LISTEN (%s): polling", self.name, describe(exc))
+            else:
+                if self._listener is not None:
+                    # What committed since the last claim sent its NOTIFY to nobody: claim
+                    # again now instead of waiting for the next one.
+                    self.listening.set()
+                    return
         if self._listener is None:
             self._stopping.wait(timeout)
             return
         try:
             self._listener.wait(timeout, self._wake)
+            if self._listener.deaf():
+                LOGGER.warning(DEAF_WARNING, self.name, timeout)
         except Exception as exc:  # the connection broke: poll now, listen again next time
             LOGGER.warning("relay %s: LISTEN connection lost (%s)", self.name, describe(exc))
+            self.listening.clear()
             self._listener.close()
             self._listener = None
         self._wake.drain()

@@ -138,7 +138,7 @@ def count_events_by_state(target: object) -> Select[int, int, int]:
 
 _VACUUM_CANDIDATES = """\
 SELECT n.nspname AS schema_name, c.relname AS table_name, s.n_dead_tup AS dead_tuples,
-       pg_catalog.pg_has_role(c.relowner, 'USAGE') AS owned
+       s.n_live_tup AS live_tuples, pg_catalog.pg_has_role(c.relowner, 'USAGE') AS owned
 FROM pg_catalog.pg_class AS c
 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
 JOIN pg_catalog.pg_stat_user_tables AS s ON s.relid = c.oid
@@ -151,9 +151,10 @@ ORDER BY s.n_dead_tup DESC, n.nspname, c.relname"""
 def vacuum_candidates(target: object) -> TextClause:
     """A table's dead-tuple count, with one row per partition when it is partitioned.
 
-    Rows: ``schema_name``, ``table_name``, ``dead_tuples`` (``pg_stat_user_tables``) and
-    ``owned`` (whether the current role may ``VACUUM`` it), most dead tuples first. A
-    partitioned parent has no statistics of its own: its partitions are listed instead.
+    Rows: ``schema_name``, ``table_name``, ``dead_tuples`` and ``live_tuples``
+    (``pg_stat_user_tables``) and ``owned`` (whether the current role may ``VACUUM`` it),
+    most dead tuples first. A partitioned parent has no statistics of its own: its
+    partitions are listed instead.
 
     Example:
         >>> from sa_outbox.schema import JobMixin

@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
+from sqlalchemy import URL
+
 from .._clock import Clock
+from .._connect_args import check_listen_url
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._sqlstate import is_configuration_error
 from ..maintenance._retention import PruneReport, Retention
@@ -164,12 +167,15 @@ class DriverBase(abc.ABC, Generic[E]):
         install_signal_handlers: bool = True,
         max_error_chars: int = 4000,
         startup_timeout: dt.timedelta | float = DEFAULT_STARTUP_TIMEOUT,
+        listen_url: str | URL | None = None,
     ) -> None:
         if not isinstance(app, JobApp):
             raise InvalidArgumentType(f"{self.name} needs a JobApp, got {type(app).__name__}")
         self._check(app, engine)
         self.app = app
         self.engine = engine
+        #: Where the LISTEN connection goes (``None``: the engine's URL), see `listen_url`.
+        self.listen_url = check_listen_url(listen_url)
         self._hold = False
         self.settings = make_settings(
             worker_id=worker_id,
@@ -360,6 +366,18 @@ class DriverBase(abc.ABC, Generic[E]):
                 self.worker_id,
                 ", ".join(missing),
             )
+
+    def _warn_deaf(self) -> None:
+        # The listener's test notification never came: LISTEN through a transaction pooler.
+        log.warning(
+            "%s %s: notifications do not reach its LISTEN connection, which goes through a "
+            "connection pooler (PgBouncer in transaction mode?): jobs start only when it polls, "
+            "every %g s. Give it a direct connection to PostgreSQL for LISTEN: listen_url= "
+            "(sa-outbox worker --listen-url, $SA_OUTBOX_LISTEN_URL; docs/pgbouncer.md)",
+            self.name,
+            self.worker_id,
+            self.settings.poll_interval,
+        )
 
     def _request_stop(self, now: bool) -> None:
         """Move the deadlines for a stop request (the drivers then wake their loop)."""

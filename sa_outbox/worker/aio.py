@@ -16,8 +16,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from sqlalchemy import text
+
 from .._clock import Clock
+from .._connect_args import listen_connect_args
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._pooler import PROBE_NOTIFY_SQL
 from .._sqlstate import is_bad_data
 from ..maintenance._retention import AsyncPruner, PruneReport, Retention
 from ..maintenance._vacuum import AsyncVacuumer, VacuumPolicy, VacuumReport
@@ -392,7 +396,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
 
     def _start_listener(self) -> None:
         dialect = self.engine.dialect
-        if dialect.driver != "psycopg":
+        if dialect.driver != "psycopg" and self.listen_url is None:
             log.warning(
                 "LISTEN needs the psycopg driver (the engine uses %s): polling every %g s",
                 dialect.driver,
@@ -401,7 +405,12 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             return
         import psycopg
 
-        args, kwargs = dialect.create_connect_args(self.engine.url)
+        listen_url = self.listen_url
+        if listen_url is not None:  # a direct connection, past the engine's pooler
+            args, kwargs = listen_connect_args(listen_url.get_dialect()(), listen_url)
+        else:
+            given, options = dialect.create_connect_args(self.engine.url)
+            args, kwargs = list(given), dict(options)
 
         async def connect() -> Any:
             return await psycopg.AsyncConnection.connect(*args, **kwargs)
@@ -410,12 +419,18 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             async with self.engine.begin() as conn:
                 return await _adrive(conn, self.core.ops.notify_channel())
 
+        async def probe(channel: str) -> None:
+            async with self.engine.begin() as conn:
+                await conn.execute(text(PROBE_NOTIFY_SQL), {"channel": channel})
+
         self.listener = AsyncListener(
             connect,
             channel,
             on_notify=self._notified,
             on_connect=self._listening,
             listening=self.listening,
+            probe=probe,
+            on_deaf=self._warn_deaf,
         )
         self.listener.start()
 

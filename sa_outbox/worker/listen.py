@@ -7,6 +7,12 @@ notification. They reconnect with backoff when the connection drops, and call
 claims at once instead). Polling stays the fallback: a worker whose listener is down still
 claims every ``poll_interval``.
 
+Behind a connection pooler in transaction mode (PgBouncer, managed poolers) a LISTEN runs
+but hears nothing. So when the listening connection goes through a pooler
+(`sa_outbox._pooler.through_pooler`), the listener sends itself a test notification
+through the engine (``probe``); if none arrives within a few seconds it sets ``deaf`` and
+calls ``on_deaf()`` once (the worker logs a warning naming ``listen_url=``).
+
 Example:
     listener = Listener(connect, channel, on_notify=print)
     listener.start()
@@ -25,6 +31,7 @@ from typing import Any
 
 import tenacity
 
+from .._pooler import NotifyProbe, athrough_pooler, through_pooler
 from ..statements import listen_sql
 from ._retry import DEFAULT_RECONNECT_WAIT
 
@@ -47,6 +54,8 @@ class Listener:
 
     ``connect`` returns a new psycopg connection; ``channel`` returns the channel name (it
     may ask the database, once connected). Callbacks run on the listener's thread.
+    ``probe(channel)`` sends ``pg_notify(channel, '')`` through the engine; it is called
+    only when the connection goes through a pooler, to check that notifications arrive.
 
     Example:
         listener = Listener(connect, lambda: "public.jobs", on_notify=worker_wake)
@@ -62,11 +71,17 @@ class Listener:
         on_connect: Callable[[], None] = lambda: None,
         listening: threading.Event | None = None,
         name: str = "sa-outbox-listener",
+        probe: Callable[[str], None] | None = None,
+        on_deaf: Callable[[], None] = lambda: None,
     ) -> None:
         self._connect = connect
         self._channel = channel
         self._on_notify = on_notify
         self._on_connect = on_connect
+        self._probe = probe
+        self._on_deaf = on_deaf
+        #: Set when the connection goes through a pooler and no test notification arrived.
+        self.deaf = threading.Event()
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._conn: Any = None
@@ -105,17 +120,25 @@ class Listener:
                     self._conn = conn
                 if self._stopped.is_set():
                     return
-                conn.execute(listen_sql(channel))
+                probe = self._start_probe(conn)
+                conn.execute(listen_sql(channel))  # last: pg_stat_activity shows it
                 attempt = 0
                 log.debug("listening on channel %r", channel)
-                self.listening.set()
+                if not self.deaf.is_set():
+                    self.listening.set()
                 self._on_connect()
                 while not self._stopped.is_set():
                     silent = True
-                    for notify in conn.notifies(timeout=KEEPALIVE_SECONDS):
+                    timeout = probe.timeout(KEEPALIVE_SECONDS) if probe else KEEPALIVE_SECONDS
+                    for notify in conn.notifies(timeout=timeout):
                         silent = False
+                        if probe is not None and probe.seen(notify.channel):
+                            self._heard_after_all()
+                            continue
                         self._on_notify(notify.payload)
-                    if silent and not self._stopped.is_set():
+                    if probe is not None and probe.expired():
+                        self._deaf()
+                    elif silent and not self._stopped.is_set():
                         conn.execute("SELECT 1")
             except Exception as exc:
                 self.listening.clear()
@@ -137,6 +160,27 @@ class Listener:
                     with contextlib.suppress(Exception):
                         conn.close()
 
+    def _start_probe(self, conn: Any) -> NotifyProbe | None:
+        if self._probe is None or self.deaf.is_set() or not through_pooler(conn):
+            return None
+        probe = NotifyProbe()
+        conn.execute(probe.listen_sql())
+        self._probe(probe.channel)
+        probe.start()
+        return probe
+
+    def _deaf(self) -> None:
+        self.listening.clear()
+        if not self.deaf.is_set():
+            self.deaf.set()
+            self._on_deaf()
+
+    def _heard_after_all(self) -> None:
+        if self.deaf.is_set():
+            log.info("a test notification arrived late after all: listening")
+            self.deaf.clear()
+        self.listening.set()
+
 
 class AsyncListener:
     """`Listener` as an asyncio task, on a psycopg ``AsyncConnection``.
@@ -156,11 +200,17 @@ class AsyncListener:
         on_notify: Callable[[str], None],
         on_connect: Callable[[], None] = lambda: None,
         listening: asyncio.Event | None = None,
+        probe: Callable[[str], Awaitable[None]] | None = None,
+        on_deaf: Callable[[], None] = lambda: None,
     ) -> None:
         self._connect = connect
         self._channel = channel
         self._on_notify = on_notify
         self._on_connect = on_connect
+        self._probe = probe
+        self._on_deaf = on_deaf
+        #: Set when the connection goes through a pooler and no test notification arrived.
+        self.deaf = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         #: Set while the connection is listening.
         self.listening = listening if listening is not None else asyncio.Event()
@@ -188,16 +238,24 @@ class AsyncListener:
                     return
                 conn = await self._connect()
                 await conn.set_autocommit(True)
-                await conn.execute(listen_sql(channel))
+                probe = await self._start_probe(conn)
+                await conn.execute(listen_sql(channel))  # last: pg_stat_activity shows it
                 attempt = 0
-                self.listening.set()
+                if not self.deaf.is_set():
+                    self.listening.set()
                 self._on_connect()
                 while True:
                     silent = True
-                    async for notify in conn.notifies(timeout=KEEPALIVE_SECONDS):
+                    timeout = probe.timeout(KEEPALIVE_SECONDS) if probe else KEEPALIVE_SECONDS
+                    async for notify in conn.notifies(timeout=timeout):
                         silent = False
+                        if probe is not None and probe.seen(notify.channel):
+                            self._heard_after_all()
+                            continue
                         self._on_notify(notify.payload)
-                    if silent:
+                    if probe is not None and probe.expired():
+                        self._deaf()
+                    elif silent:
                         await conn.execute("SELECT 1")
             except asyncio.CancelledError:
                 raise
@@ -216,3 +274,24 @@ class AsyncListener:
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
+
+    async def _start_probe(self, conn: Any) -> NotifyProbe | None:
+        if self._probe is None or self.deaf.is_set() or not await athrough_pooler(conn):
+            return None
+        probe = NotifyProbe()
+        await conn.execute(probe.listen_sql())
+        await self._probe(probe.channel)
+        probe.start()
+        return probe
+
+    def _deaf(self) -> None:
+        self.listening.clear()
+        if not self.deaf.is_set():
+            self.deaf.set()
+            self._on_deaf()
+
+    def _heard_after_all(self) -> None:
+        if self.deaf.is_set():
+            log.info("a test notification arrived late after all: listening")
+            self.deaf.clear()
+        self.listening.set()

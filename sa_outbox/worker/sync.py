@@ -17,10 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from .._clock import Clock
+from .._connect_args import listen_connect_args
 from .._exceptions import InvalidArgument
+from .._pooler import PROBE_NOTIFY_SQL
 from .._sqlstate import is_bad_data
 from ..maintenance._retention import Pruner, PruneReport, Retention
 from ..maintenance._vacuum import Vacuumer, VacuumPolicy, VacuumReport
@@ -57,7 +59,8 @@ class Worker(DriverBase[Engine]):
     given a ``retention`` policy (`Retention`; one pruner at a time across all workers, see
     `Pruner`), vacuums its table past ``vacuum.threshold`` dead tuples (`sa_outbox.Vacuumer`,
     checked every ``vacuum.interval``; ``None`` leaves it to autovacuum), wakes up on the
-    table's NOTIFY (``listen``) and polls
+    table's NOTIFY (``listen``; on a connection to ``listen_url`` when given, a direct one
+    past a transaction pooler such as PgBouncer, see docs/pgbouncer.md) and polls
     every ``poll_interval`` anyway. Results wait up to ``ack_delay`` seconds (or until
     ``ack_batch`` are ready) so that one commit acknowledges many jobs.
 
@@ -89,6 +92,9 @@ class Worker(DriverBase[Engine]):
     Example:
         worker = Worker(app, engine, queues=["default", "emails"], concurrency=16)
         worker.run()  # returns after SIGTERM / SIGINT / worker.stop()
+
+        # behind PgBouncer (transaction mode): LISTEN on a direct connection
+        Worker(app, pooled_engine, listen_url="postgresql+psycopg://app@db:5432/app").run()
     """
 
     name = "Worker"
@@ -376,7 +382,14 @@ class Worker(DriverBase[Engine]):
     # -- the listener --------------------------------------------------------------------
 
     def _start_listener(self) -> None:
+        listen_url = self.listen_url
+
         def connect() -> Any:
+            if listen_url is not None:  # a direct connection, past the engine's pooler
+                import psycopg
+
+                args, kwargs = listen_connect_args(listen_url.get_dialect()(), listen_url)
+                return psycopg.connect(*args, **kwargs)
             raw = self.engine.raw_connection()
             conn = raw.driver_connection
             raw.detach()  # a LISTEN connection never goes back to the pool
@@ -386,12 +399,18 @@ class Worker(DriverBase[Engine]):
             with self.engine.begin() as conn:
                 return _drive(conn, self.core.ops.notify_channel())
 
+        def probe(channel: str) -> None:
+            with self.engine.begin() as conn:
+                conn.execute(text(PROBE_NOTIFY_SQL), {"channel": channel})
+
         self.listener = Listener(
             connect,
             channel,
             on_notify=self._notified,
             on_connect=self._listening,
             listening=self.listening,
+            probe=probe,
+            on_deaf=self._warn_deaf,
         )
         self.listener.start()
 
