@@ -77,9 +77,12 @@ def database_url(raw: str) -> URL:
     return url.set(drivername=f"postgresql+{_SYNC_DRIVER.get(driver, driver)}")
 
 
-def _engine(url: URL) -> Engine:
+def _engine(url: URL, application_name: str | None = None) -> Engine:
+    args = connect_args()
+    if application_name is not None and "application_name" not in url.query:
+        args["application_name"] = application_name  # the URL's own name wins
     try:
-        engine = create_engine(url, connect_args=connect_args())
+        engine = create_engine(url, connect_args=args)
         prepare_nothing_behind_a_pooler(engine)  # PgBouncer in transaction mode
         return engine
     except ImportError as exc:
@@ -166,6 +169,15 @@ def _import_target(target: str) -> object:
         return import_target(target, example="myapp.models:Job")
     except InvalidArgument as exc:
         raise CommandError(str(exc)) from None
+    except Exception as exc:  # the module itself is broken: say where, in one line
+        module = target.partition(":")[0]
+        where = ""
+        if isinstance(exc, SyntaxError):
+            where = f" ({exc.filename}, line {exc.lineno})"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CommandError(
+            f"importing {module!r} failed: {type(exc).__name__}: {reason}{where}"
+        ) from None
 
 
 def load_table(target: str) -> Table:

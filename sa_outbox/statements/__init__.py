@@ -2,7 +2,8 @@
 
 May import: ``sa_outbox.schema`` and the foundation modules, nothing that does I/O. Split
 by concern: ``_job_enqueue``, ``_job_claim`` (claim, heartbeat, complete), ``_job_settle``
-(retry, fail, release, reclaim, requeue, prune), ``_job_notify``; ``_outbox_append``,
+(retry, fail, release, reclaim, requeue, retry by hand, prune), ``_job_notify``;
+``_inspect`` (the read-only queries of status, listings and queues); ``_outbox_append``,
 ``_outbox_claim``, ``_outbox_settle``; ``_maintenance`` and ``_partitions`` (upkeep).
 
 No I/O, no sessions, no globals: each function validates its arguments (raising
@@ -28,6 +29,22 @@ from .._validation import (
     MAX_NAME_LENGTH,
 )
 from ._common import DEFAULT_MAX_PAYLOAD_BYTES
+from ._inspect import (
+    WORKER_APPLICATION_PREFIX,
+    connected_workers,
+    count_jobs_by_queue_kind_status,
+    job_alarms,
+    job_kind_exists,
+    outbox_alarms,
+    queue_throughput,
+    select_event,
+    select_event_states,
+    select_events,
+    select_job,
+    select_job_statuses,
+    select_jobs,
+    workers_holding_jobs,
+)
 from ._job_claim import (
     ACKED,
     COMPLETION_IDS,
@@ -57,6 +74,7 @@ from ._job_settle import (
     reclaim_expired_jobs,
     release_jobs,
     requeue_failed_jobs,
+    retry_failed_jobs,
     retry_job,
 )
 from ._maintenance import (
@@ -126,6 +144,7 @@ __all__ = [
     "MAX_PAYLOAD_DEPTH",
     "PARTITION_LOCK_PREFIX",
     "PRUNE_LOCK_PREFIX",
+    "WORKER_APPLICATION_PREFIX",
     "NewEvent",
     "NewJob",
     "append_event",
@@ -138,8 +157,10 @@ __all__ = [
     "complete_and_claim_jobs",
     "complete_job",
     "complete_jobs",
+    "connected_workers",
     "count_events_by_state",
     "count_in_range",
+    "count_jobs_by_queue_kind_status",
     "count_jobs_by_status",
     "create_partition",
     "create_table_like",
@@ -153,6 +174,8 @@ __all__ = [
     "has_unfinished_rows",
     "heartbeat_job",
     "heartbeat_jobs",
+    "job_alarms",
+    "job_kind_exists",
     "job_notify_channel_of",
     "list_partitions",
     "listen_sql",
@@ -163,6 +186,7 @@ __all__ = [
     "notify_jobs",
     "notify_relays",
     "oldest_ready_pending_age",
+    "outbox_alarms",
     "outbox_notify_channel_of",
     "parse_notify_payload",
     "partition_lock",
@@ -172,15 +196,23 @@ __all__ = [
     "prune_events",
     "prune_jobs",
     "prune_lock",
+    "queue_throughput",
     "reclaim_expired_jobs",
     "reject_events",
     "release_events",
     "release_jobs",
     "requeue_failed_jobs",
     "requeue_parked_events",
+    "retry_failed_jobs",
     "retry_job",
     "select_aggregate_heads",
     "select_claim_candidates",
+    "select_event",
+    "select_event_states",
+    "select_events",
+    "select_job",
+    "select_job_statuses",
+    "select_jobs",
     "select_now",
     "select_parked_events",
     "set_lock_timeout",
@@ -188,5 +220,6 @@ __all__ = [
     "table_stats",
     "vacuum_candidates",
     "vacuum_table",
+    "workers_holding_jobs",
     "xmin_holders",
 ]
