@@ -99,21 +99,22 @@ def _names(value: str) -> list[str]:
     return names
 
 
-def _not_negative_int(value: str) -> int:
+def _whole_number(value: str) -> int:
     try:
-        number = int(value)
+        return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+
+
+def _not_negative_int(value: str) -> int:
+    number = _whole_number(value)
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return number
 
 
 def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    number = _whole_number(value)
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be more than zero, got {value}")
     return number

@@ -24,6 +24,7 @@ from ._common import (
     _connect,
     _database_error,
     _positive_int,
+    _whole_number,
     load_table,
     parse_duration,
 )
@@ -212,13 +213,6 @@ def _add_retry(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     add_job_target(parser)
     _add_database_url(parser)
     parser.set_defaults(handler=_retry, parser=parser)
-
-
-def _whole_number(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
 
 
 def _not_json_constant(name: str) -> Any:

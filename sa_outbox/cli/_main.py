@@ -21,6 +21,7 @@ from ._common import (
     CommandError,
     Handler,
     _engine,
+    _whole_number,
     database_url,
     given_database_url,
 )
@@ -35,10 +36,7 @@ from ._worker import _add_worker
 
 
 def _job_count(value: str) -> int:
-    try:
-        jobs = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    jobs = _whole_number(value)
     if not 1 <= jobs <= MAX_DEMO_JOBS:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_DEMO_JOBS:,}, got {jobs}")
     return jobs

@@ -12,7 +12,13 @@ from sqlalchemy import Table
 
 from ..queue import QueueDepth, QueueStatus, queue_depths, queue_status
 from ..schema import JobStatus
-from ._common import CommandError, _add_database_url, parse_duration, positive_seconds
+from ._common import (
+    CommandError,
+    _add_database_url,
+    _positive_int,
+    parse_duration,
+    positive_seconds,
+)
 from ._render import age, as_json, moment, span, table
 from ._targets import add_job_target, add_outbox_target, database, job_table, outbox_table
 
@@ -72,19 +78,9 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--count",
         metavar="N",
-        type=_frames,
+        type=_positive_int,
         help="with --watch: stop after N frames",
     )
-
-
-def _frames(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than zero, got {value}")
-    return number
 
 
 def _add_queues(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
