@@ -130,51 +130,80 @@ def _reflect(conn: Connection, value: str, kind: str, needed: frozenset[str]) ->
     return table
 
 
+def _a(kind: str) -> str:
+    return "an outbox" if kind == "outbox" else "a job"
+
+
 def _model(target: str, kind: str, option: str) -> Table:
     table = load_table(target)
     found = table.info.get(TABLE_KIND_INFO_KEY)
     if found is not None and found != kind:
         other = "--outbox-model" if kind == "outbox" else "--model"
         raise CommandError(
-            f"{target} is {'an outbox' if found == 'outbox' else 'a job'} "
-            f"model; {option} needs the {kind} model (did you mean {other}?)"
+            f"{target} is {_a(found)} model; {option} needs the {kind} model "
+            f"(did you mean {other}?)"
         )
     return table
 
 
-def job_table(args: argparse.Namespace, conn: Connection, *, required: bool = True) -> Table | None:
-    """The job table the arguments name (``--model``, ``--jobs-table``, or the preset)."""
-    if getattr(args, "model", None):
-        return _model(args.model, "job", "--model")
-    if getattr(args, "jobs_table", None):
-        return _reflect(conn, args.jobs_table, "a job", _JOB_COLUMNS)
-    preset = preset_of(args).jobs
+def _table(
+    conn: Connection,
+    *,
+    model: str | None,
+    name: str | None,
+    preset: object | None,
+    kind: str,
+    option: str,
+    columns: frozenset[str],
+    missing: str,
+    required: bool,
+) -> Table | None:
+    """The table of ``model`` (an import path), else the one reflected by ``name``, else the
+    preset's; with none of them, ``missing`` as the error when ``required``."""
+    if model:
+        return _model(model, kind, option)
+    if name:
+        return _reflect(conn, name, _a(kind), columns)
     if preset is not None:
         return resolve_table(preset)
     if required:
-        raise CommandError(
-            "give the job table: --model myapp.models:Job or --jobs-table SCHEMA.TABLE"
-        )
+        raise CommandError(missing)
     return None
+
+
+def job_table(args: argparse.Namespace, conn: Connection, *, required: bool = True) -> Table | None:
+    """The job table the arguments name (``--model``, ``--jobs-table``, or the preset)."""
+    return _table(
+        conn,
+        model=getattr(args, "model", None),
+        name=getattr(args, "jobs_table", None),
+        preset=preset_of(args).jobs,
+        kind="job",
+        option="--model",
+        columns=_JOB_COLUMNS,
+        missing="give the job table: --model myapp.models:Job or --jobs-table SCHEMA.TABLE",
+        required=required,
+    )
 
 
 def outbox_table(
     args: argparse.Namespace, conn: Connection, *, required: bool = True
 ) -> Table | None:
     """The outbox table the arguments name (``--outbox-model``, ``--outbox-table``, preset)."""
-    if getattr(args, "outbox_model", None):
-        return _model(args.outbox_model, "outbox", "--outbox-model")
-    if getattr(args, "outbox_table", None):
-        return _reflect(conn, args.outbox_table, "an outbox", _OUTBOX_COLUMNS)
-    preset = preset_of(args).outbox
-    if preset is not None:
-        return resolve_table(preset)
-    if required:
-        raise CommandError(
+    return _table(
+        conn,
+        model=getattr(args, "outbox_model", None),
+        name=getattr(args, "outbox_table", None),
+        preset=preset_of(args).outbox,
+        kind="outbox",
+        option="--outbox-model",
+        columns=_OUTBOX_COLUMNS,
+        missing=(
             "give the outbox table: --outbox-model myapp.models:OutboxEvent "
             "or --outbox-table SCHEMA.TABLE"
-        )
-    return None
+        ),
+        required=required,
+    )
 
 
 @contextlib.contextmanager
