@@ -292,6 +292,24 @@ def _connect(args: argparse.Namespace) -> tuple[URL, Engine]:
     return url, _engine(url)
 
 
+def _add_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    help: str,
+    description: str,
+    epilog: str,
+) -> argparse.ArgumentParser:
+    """A command (or an action of one) whose description and examples print as written."""
+    return commands.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def _add_database_url(parser: argparse.ArgumentParser, what: str = "PostgreSQL URL") -> None:
     parser.add_argument(
         "--database-url",

@@ -12,13 +12,13 @@ import argparse
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from sqlalchemy import Connection, Engine, MetaData, Table
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
 
 from ..schema import TABLE_KIND_INFO_KEY, resolve_table
-from ._common import CommandError, _connect, _database_error, load_table
+from ._common import CommandError, _add_database_url, _connect, _database_error, load_table
 
 _JOB_COLUMNS = frozenset(
     {"id", "kind", "queue", "status", "attempts", "max_attempts", "run_at", "lease_token"}
@@ -116,6 +116,19 @@ def add_outbox_target(parser: argparse.ArgumentParser) -> None:
         type=table_name,
         help="or the outbox table's name, read from the database, e.g. public.outbox",
     )
+
+
+def add_json_and_target(
+    parser: argparse.ArgumentParser,
+    add_target: Callable[[argparse.ArgumentParser], None],
+    *,
+    json_help: str,
+) -> None:
+    """The last options of a ``jobs`` or ``outbox`` action: ``--json``, the table
+    (`add_job_target` or `add_outbox_target`) and ``--database-url``."""
+    parser.add_argument("--json", action="store_true", help=json_help)
+    add_target(parser)
+    _add_database_url(parser)
 
 
 def _reflect(conn: Connection, value: str, kind: str, needed: frozenset[str]) -> Table:
