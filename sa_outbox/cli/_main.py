@@ -104,6 +104,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_commands(
+    parser: argparse.ArgumentParser,
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    return parser.add_subparsers(dest="command", metavar="COMMAND", required=True, title="commands")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sa-outbox``, with one subparser per command.
 
@@ -121,9 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, title="commands"
-    )
+    commands = _add_commands(parser)
     _add_demo(commands)
     _add_worker(commands)
     _add_relay(commands)
@@ -148,9 +152,7 @@ def build_admin_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description="See and steer the job queue and the outbox (sa-outbox)."
     )
-    commands = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, title="commands"
-    )
+    commands = _add_commands(parser)
     _add_status(commands)
     _add_queues(commands)
     _add_jobs(commands)

@@ -86,35 +86,34 @@ def job_id(value: str) -> uuid.UUID:
         ) from None
 
 
+def _add_target(
+    parser: argparse.ArgumentParser, model: str, model_help: str, table: str, table_help: str
+) -> None:
+    """``model`` (an import path) or ``table`` (a name to reflect), not both."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(model, metavar="TARGET", help=model_help)
+    group.add_argument(table, metavar="[SCHEMA.]TABLE", type=table_name, help=table_help)
+
+
 def add_job_target(parser: argparse.ArgumentParser) -> None:
     """``--model TARGET`` or ``--jobs-table [SCHEMA.]TABLE``."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
+    _add_target(
+        parser,
         "--model",
-        metavar="TARGET",
-        help="the job model (or its JobApp), as module:attribute, e.g. myapp.models:Job",
-    )
-    group.add_argument(
+        "the job model (or its JobApp), as module:attribute, e.g. myapp.models:Job",
         "--jobs-table",
-        metavar="[SCHEMA.]TABLE",
-        type=table_name,
-        help="or the job table's name, read from the database, e.g. public.jobs",
+        "or the job table's name, read from the database, e.g. public.jobs",
     )
 
 
 def add_outbox_target(parser: argparse.ArgumentParser) -> None:
     """``--outbox-model TARGET`` or ``--outbox-table [SCHEMA.]TABLE``."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
+    _add_target(
+        parser,
         "--outbox-model",
-        metavar="TARGET",
-        help="the outbox model, as module:attribute, e.g. myapp.models:OutboxEvent",
-    )
-    group.add_argument(
+        "the outbox model, as module:attribute, e.g. myapp.models:OutboxEvent",
         "--outbox-table",
-        metavar="[SCHEMA.]TABLE",
-        type=table_name,
-        help="or the outbox table's name, read from the database, e.g. public.outbox",
+        "or the outbox table's name, read from the database, e.g. public.outbox",
     )
 
 
