@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import uuid
 
-import psycopg
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
-from sa_outbox import JobApp, JobContext, JobQueue, Outbox, Worker
-from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL, main
-from sa_outbox.statements import listen_sql
+from sa_outbox import JobApp, JobContext, Outbox, Worker
+from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL
 
 from .conftest import Job, OutboxEvent
+from .helpers import assert_one_line_error, cli_exit, notifications_during
+from .helpers import job_row as job
+from .helpers import run_cli as run
 from .helpers_admin import JOB_MODEL, OUTBOX_MODEL, Scene, make_scene
 
 
@@ -27,18 +28,6 @@ def only_app_url(monkeypatch: pytest.MonkeyPatch, database_url: str) -> None:
 @pytest.fixture
 def scene(engine: Engine) -> Scene:
     return make_scene(engine)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def job(engine: Engine, job_id: uuid.UUID) -> object:
-    t = Job.__table__
-    with engine.connect() as conn:
-        return conn.execute(select(t).where(t.c.id == job_id)).one()
 
 
 def test_list_failed_jobs_with_their_errors_first_line(
@@ -159,21 +148,10 @@ def test_retry_all_failed_of_a_kind_and_a_worker_runs_them(
 def test_a_retry_wakes_the_listening_workers(
     engine: Engine, scene: Scene, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with engine.connect() as conn:
-        channel = JobQueue(Job).notify_channel(conn)
-    assert channel is not None
-    raw = engine.raw_connection()
-    listener = raw.driver_connection
-    raw.detach()
-    assert isinstance(listener, psycopg.Connection)
-    try:
-        listener.autocommit = True
-        listener.execute(listen_sql(channel))
-        assert run(capsys, "jobs", "retry", "--all-failed", *JOB_MODEL)[0] == 0
-        listener.execute("SELECT 1")
-        got = [n.payload for n in listener.notifies(timeout=0)]
-    finally:
-        listener.close()
+    code, got = notifications_during(
+        engine, Job, lambda: run(capsys, "jobs", "retry", "--all-failed", *JOB_MODEL)[0]
+    )
+    assert code == 0
     assert got == ['["emails"]']
 
 
@@ -231,10 +209,7 @@ def test_outbox_list_show_and_retry_parked(
 def test_runtime_errors_are_one_line(
     scene: Scene, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = run(capsys, *argv)
-    assert code == 1 and out == ""
-    assert err.startswith(f"sa-outbox {argv[0]}: error: ") and message in err, err
-    assert err.count("\n") == 1
+    assert_one_line_error(capsys, argv, message)
 
 
 @pytest.mark.parametrize(
@@ -257,10 +232,7 @@ def test_runtime_errors_are_one_line(
 def test_usage_errors_exit_2(
     engine: Engine, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == 2
-    last = capsys.readouterr().err.splitlines()[-1]
+    last = cli_exit(capsys, argv, 2)[1].splitlines()[-1]
     assert last.startswith(f"sa-outbox {' '.join(argv[:2])}: error: ") and message in last
 
 
@@ -279,10 +251,7 @@ def test_usage_errors_exit_2(
     ],
 )
 def test_help_has_an_example(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main([*argv, "--help"])
-    assert exit_.value.code == 0
-    out = capsys.readouterr().out
+    out, _ = cli_exit(capsys, [*argv, "--help"], 0)
     assert "example:" in out and f"sa-outbox {' '.join(argv)} " in out
 
 

@@ -13,12 +13,14 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from sa_outbox import JobQueue, NewJob, queue_status
-from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL, main
+from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL
 from sa_outbox.cli import database_url as cli_database_url
 from sa_outbox.cli._common import _engine
 from sa_outbox.cli._status import CLEAR
 
 from .conftest import Job, OutboxEvent
+from .helpers import assert_one_line_error, cli_exit
+from .helpers import run_cli as run
 from .helpers_admin import JOB_MODEL, MODELS, OUTBOX_MODEL, make_scene
 from .test_worker_faults import ROOT, enqueue, ledger_lines, start, stop, wait_until, worker_schema
 from .worker_app import SCHEMA as WORKER_SCHEMA
@@ -30,12 +32,6 @@ __all__ = ["worker_schema"]  # a fixture, used below by name
 def only_env_url(monkeypatch: pytest.MonkeyPatch, database_url: str) -> None:
     monkeypatch.delenv(ENV_APP_DATABASE_URL, raising=False)
     monkeypatch.setenv(ENV_DATABASE_URL, database_url)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_status_table(engine: Engine, capsys: pytest.CaptureFixture[str]) -> None:
@@ -227,10 +223,7 @@ def test_queues_depth_and_throughput(engine: Engine, capsys: pytest.CaptureFixtu
 def test_runtime_errors_are_one_line(
     engine: Engine, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = run(capsys, *argv)
-    assert code == 1 and out == ""
-    assert err.startswith(f"sa-outbox {argv[0]}: error: ") and message in err, err
-    assert err.count("\n") == 1
+    assert_one_line_error(capsys, argv, message)
 
 
 def test_a_table_that_is_not_a_job_table(
@@ -265,19 +258,13 @@ def test_an_unreachable_database_is_one_line_without_the_password(
 def test_usage_errors_exit_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
+    _, err = cli_exit(capsys, argv, 2)
     assert err.splitlines()[-1].startswith(f"sa-outbox {argv[0]}: error: ") and message in err
 
 
 @pytest.mark.parametrize("command", ["status", "queues"])
 def test_help_has_an_example(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main([command, "--help"])
-    assert exit_.value.code == 0
-    out = capsys.readouterr().out
+    out, _ = cli_exit(capsys, [command, "--help"], 0)
     assert "example:" in out and f"sa-outbox {command} --" in out
 
 

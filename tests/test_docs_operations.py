@@ -153,20 +153,25 @@ def test_the_page_has_commands_and_the_models_snippet() -> None:
     assert "class Job(JobMixin, Base)" in models_snippet()
 
 
-def test_every_command_prints_what_the_page_shows(shop: tuple[str, Path]) -> None:
+def run_sa_outbox(argv: list[str], shop: tuple[str, Path]) -> subprocess.CompletedProcess[str]:
+    """``sa-outbox argv`` in a process of its own, in the shop's folder, on its database (by
+    ``$DATABASE_URL``, as the page's application has it)."""
     url, cwd = shop
     env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": f"{cwd}{os.pathsep}{ROOT}"}
     env.pop("SA_OUTBOX_DATABASE_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "sa_outbox", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_every_command_prints_what_the_page_shows(shop: tuple[str, Path]) -> None:
     for line, command, expected in console_commands(PAGE):
-        argv = shlex.split(command)
-        done = subprocess.run(
-            [sys.executable, "-m", "sa_outbox", *argv[1:]],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        done = run_sa_outbox(shlex.split(command)[1:], shop)
         printed = done.stdout + done.stderr
         where = f"docs/operations.md:{line}: {command}"
         assert (done.returncode != 0) == ("error:" in done.stderr), f"{where}\n{printed}"
@@ -189,22 +194,12 @@ def readme_commands() -> list[str]:
 
 
 def test_the_readme_commands_run(shop: tuple[str, Path]) -> None:
-    url, cwd = shop
-    env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": f"{cwd}{os.pathsep}{ROOT}"}
-    env.pop("SA_OUTBOX_DATABASE_URL", None)
     commands = readme_commands()
     assert len(commands) == 8
     for command in commands:
         argv = shlex.split(command.replace("JOB_ID", str(FAILED_ID)), comments=True)
         if "--watch" in argv:
             argv += ["--count", "1"]  # one frame, then exit
-        done = subprocess.run(
-            [sys.executable, "-m", "sa_outbox", *argv[1:]],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        done = run_sa_outbox(argv[1:], shop)
         assert done.returncode == 0, f"README: {command}\n{done.stdout}{done.stderr}"
         assert done.stdout.strip(), command

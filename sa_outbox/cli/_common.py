@@ -99,21 +99,22 @@ def _names(value: str) -> list[str]:
     return names
 
 
-def _not_negative_int(value: str) -> int:
+def _whole_number(value: str) -> int:
     try:
-        number = int(value)
+        return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+
+
+def _not_negative_int(value: str) -> int:
+    number = _whole_number(value)
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return number
 
 
 def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    number = _whole_number(value)
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be more than zero, got {value}")
     return number
@@ -289,6 +290,24 @@ def _resolve_url(given: str | None) -> URL:
 def _connect(args: argparse.Namespace) -> tuple[URL, Engine]:
     url = _url_of(args)
     return url, _engine(url)
+
+
+def _add_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    help: str,
+    description: str,
+    epilog: str,
+) -> argparse.ArgumentParser:
+    """A command (or an action of one) whose description and examples print as written."""
+    return commands.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def _add_database_url(parser: argparse.ArgumentParser, what: str = "PostgreSQL URL") -> None:

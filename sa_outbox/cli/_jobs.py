@@ -20,19 +20,22 @@ from ..schema import TABLE_KIND_INFO_KEY, JobStatus
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from ._common import (
     CommandError,
+    _add_command,
     _add_database_url,
     _connect,
     _database_error,
     _positive_int,
+    _whole_number,
     load_table,
     parse_duration,
 )
-from ._render import as_json, moment, table
-from ._targets import add_job_target, connection, job_id, job_table
+from ._render import as_json, format_record, format_retried, moment, table
+from ._targets import add_job_target, add_json_and_target, connection, job_id, job_table
 
 
 def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser(
+    parser = _add_command(
+        commands,
         "jobs",
         help="work with the job table by hand: enqueue, list, show, retry",
         description="Work with the job table by hand.",
@@ -41,10 +44,10 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             "  sa-outbox jobs list --status failed --model myapp.models:Job\n"
             "  sa-outbox jobs retry --all-failed --kind send-email --model myapp.models:Job"
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, title="actions")
-    enqueue = actions.add_parser(
+    enqueue = _add_command(
+        actions,
         "enqueue",
         help="add one job, as JobQueue.enqueue does, and print its id",
         description=(
@@ -58,7 +61,6 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             "  sa-outbox jobs enqueue send-receipt --payload '{\"order_id\": 42}' \\\n"
             "    --dedup-key receipt:42 --delay 5m --model myapp.models:Job"
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     enqueue.add_argument("kind", metavar="KIND", help="the job kind, e.g. send-receipt")
     enqueue.add_argument(
@@ -145,12 +147,12 @@ gives it every attempt again instead. Only failed jobs change: never a running o
 
 
 def _add_list(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = actions.add_parser(
+    parser = _add_command(
+        actions,
         "list",
         help="list jobs, most recently updated first, with their error's first line",
         description="List jobs, most recently updated first. Filters combine. Only reads.",
         epilog=_LIST_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--status",
@@ -167,29 +169,26 @@ def _add_list(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=50,
         help="at most N jobs (default: %(default)s)",
     )
-    parser.add_argument("--json", action="store_true", help="print a JSON list instead")
-    add_job_target(parser)
-    _add_database_url(parser)
+    add_json_and_target(parser, add_job_target, json_help="print a JSON list instead")
     parser.set_defaults(handler=_list)
 
 
 def _add_show(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = actions.add_parser(
+    parser = _add_command(
+        actions,
         "show",
         help="print one job: every column, the payload and the whole last error",
         description="Print every column of one job, its payload and its whole last error.",
         epilog=_SHOW_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("id", metavar="ID", type=job_id, help="the job's id")
-    parser.add_argument("--json", action="store_true", help="print a JSON object instead")
-    add_job_target(parser)
-    _add_database_url(parser)
+    add_json_and_target(parser, add_job_target, json_help="print a JSON object instead")
     parser.set_defaults(handler=_show)
 
 
 def _add_retry(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = actions.add_parser(
+    parser = _add_command(
+        actions,
         "retry",
         help="send failed jobs back to pending now (by id, or --all-failed)",
         description=(
@@ -197,7 +196,6 @@ def _add_retry(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             "or nothing (an unknown id, or a job that is not failed, changes nothing)."
         ),
         epilog=_RETRY_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("ids", metavar="ID", nargs="*", type=job_id, help="the jobs' ids")
     parser.add_argument(
@@ -208,17 +206,8 @@ def _add_retry(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     parser.add_argument(
         "--reset-attempts", action="store_true", help="start the attempts again from zero"
     )
-    parser.add_argument("--json", action="store_true", help='print {"retried": [...]} instead')
-    add_job_target(parser)
-    _add_database_url(parser)
+    add_json_and_target(parser, add_job_target, json_help='print {"retried": [...]} instead')
     parser.set_defaults(handler=_retry, parser=parser)
-
-
-def _whole_number(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
 
 
 def _not_json_constant(name: str) -> Any:
@@ -362,64 +351,8 @@ def _show(args: argparse.Namespace) -> int:
         found = get_job(conn, jobs, args.id)
     if found is None:
         raise CommandError(f"no job {args.id} in {jobs.fullname}")
-    if args.json:
-        print(as_json(found))
-        return 0
-    print(format_record(found, long=("payload", "last_error")))
+    print(as_json(found) if args.json else format_record(found, long=("payload", "last_error")))
     return 0
-
-
-def format_record(found: dict[str, Any], *, long: tuple[str, ...]) -> str:
-    """A row as ``name: value`` lines, the ``long`` columns last and whole.
-
-    Example:
-        >>> print(format_record({"id": 1, "payload": {"a": 1}, "kind": "ping"}, long=("payload",)))
-        id:      1
-        kind:    ping
-        payload:
-          {
-            "a": 1
-          }
-    """
-    width = max(len(name) for name in found) + 2
-    lines = []
-    for name, value in found.items():
-        if name in long:
-            continue
-        shown = moment(value) + " UTC" if isinstance(value, dt.datetime) else value
-        lines.append(f"{name + ':':<{width}}{'-' if shown is None else shown}")
-    for name in long:
-        if name not in found:
-            continue
-        value = found[name]
-        if value is None:
-            lines.append(f"{name + ':':<{width}}-")
-            continue
-        text = value if isinstance(value, str) else json.dumps(value, indent=2, default=str)
-        lines.append(f"{name}:")
-        lines += [f"  {line}" for line in text.splitlines()]
-    return "\n".join(lines)
-
-
-#: How many ids a retry prints before it says how many more there were.
-SHOWN_IDS = 20
-
-
-def listed_ids(ids: list[Any]) -> str:
-    """The ids a retry changed, one a line, the first `SHOWN_IDS` only.
-
-    Example:
-        >>> print(listed_ids(list(range(22))))  # doctest: +ELLIPSIS
-          0
-          1
-        ...
-          19
-          … and 2 more
-    """
-    lines = [f"  {i}" for i in ids[:SHOWN_IDS]]
-    if len(ids) > SHOWN_IDS:
-        lines.append(f"  … and {len(ids) - SHOWN_IDS} more")
-    return "\n".join(lines)
 
 
 def _retry(args: argparse.Namespace) -> int:
@@ -442,11 +375,12 @@ def _retry(args: argparse.Namespace) -> int:
             queues=args.queue,
             reset_attempts=args.reset_attempts,
         )
-    if args.json:
-        print(as_json({"retried": retried}))
-    elif not retried:
-        print("no failed jobs to retry")
-    else:
-        print(f"retried {len(retried)} job(s), pending now:")
-        print(listed_ids(retried))
+    print(
+        format_retried(
+            retried,
+            in_json=args.json,
+            nothing="no failed jobs to retry",
+            done=f"retried {len(retried)} job(s), pending now:",
+        )
+    )
     return 0

@@ -21,6 +21,7 @@ from ._common import (
     CommandError,
     Handler,
     _engine,
+    _whole_number,
     database_url,
     given_database_url,
 )
@@ -35,10 +36,7 @@ from ._worker import _add_worker
 
 
 def _job_count(value: str) -> int:
-    try:
-        jobs = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    jobs = _whole_number(value)
     if not 1 <= jobs <= MAX_DEMO_JOBS:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_DEMO_JOBS:,}, got {jobs}")
     return jobs
@@ -106,6 +104,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_commands(
+    parser: argparse.ArgumentParser,
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    return parser.add_subparsers(dest="command", metavar="COMMAND", required=True, title="commands")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sa-outbox``, with one subparser per command.
 
@@ -123,9 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, title="commands"
-    )
+    commands = _add_commands(parser)
     _add_demo(commands)
     _add_worker(commands)
     _add_relay(commands)
@@ -150,9 +152,7 @@ def build_admin_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description="See and steer the job queue and the outbox (sa-outbox)."
     )
-    commands = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, title="commands"
-    )
+    commands = _add_commands(parser)
     _add_status(commands)
     _add_queues(commands)
     _add_jobs(commands)

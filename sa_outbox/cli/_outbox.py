@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 
 from ..queue import get_event, list_events, retry_parked
-from ._common import CommandError, _add_database_url, _positive_int
-from ._jobs import format_record, listed_ids
-from ._render import as_json, moment, table
-from ._targets import add_outbox_target, connection, job_id, outbox_table
+from ._common import CommandError, _add_command, _positive_int
+from ._render import as_json, format_record, format_retried, moment, table
+from ._targets import add_json_and_target, add_outbox_target, connection, job_id, outbox_table
 
 _LIST_EXAMPLE = """\
 example:
@@ -35,7 +34,8 @@ aggregate's order (the events after it, held back while it was parked, follow it
 
 
 def _add_outbox(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser(
+    parser = _add_command(
+        commands,
         "outbox",
         help="work with the outbox by hand: list, show and retry parked events",
         description="Work with the outbox table by hand.",
@@ -44,39 +44,35 @@ def _add_outbox(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
             "  sa-outbox outbox list --parked --outbox-model myapp.models:OutboxEvent\n"
             "  sa-outbox outbox retry --all-parked --outbox-model myapp.models:OutboxEvent"
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, title="actions")
-    listing = actions.add_parser(
+    listing = _add_command(
+        actions,
         "list",
         help="list the unpublished events (the relay's backlog), or --parked ones",
         description="List unpublished events in seq order, with their error's first line.",
         epilog=_LIST_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     listing.add_argument("--parked", action="store_true", help="the parked events instead")
     listing.add_argument(
         "--limit", metavar="N", type=_positive_int, default=50, help="(default: %(default)s)"
     )
-    listing.add_argument("--json", action="store_true", help="print a JSON list instead")
-    add_outbox_target(listing)
-    _add_database_url(listing)
+    add_json_and_target(listing, add_outbox_target, json_help="print a JSON list instead")
     listing.set_defaults(handler=_list)
 
-    show = actions.add_parser(
+    show = _add_command(
+        actions,
         "show",
         help="print one event: every column, the payload and the whole last error",
         description="Print every column of one outbox event, with its payload and last error.",
         epilog=_SHOW_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     show.add_argument("id", metavar="ID", type=job_id, help="the event's id")
-    show.add_argument("--json", action="store_true", help="print a JSON object instead")
-    add_outbox_target(show)
-    _add_database_url(show)
+    add_json_and_target(show, add_outbox_target, json_help="print a JSON object instead")
     show.set_defaults(handler=_show)
 
-    retry = actions.add_parser(
+    retry = _add_command(
+        actions,
         "retry",
         help="un-park parked events (by id, or --all-parked) so relays publish them again",
         description=(
@@ -84,13 +80,10 @@ def _add_outbox(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
             "id, or an event that is not parked, changes nothing)."
         ),
         epilog=_RETRY_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     retry.add_argument("ids", metavar="ID", nargs="*", type=job_id, help="the events' ids")
     retry.add_argument("--all-parked", action="store_true", help="every parked event")
-    retry.add_argument("--json", action="store_true", help='print {"retried": [...]} instead')
-    add_outbox_target(retry)
-    _add_database_url(retry)
+    add_json_and_target(retry, add_outbox_target, json_help='print {"retried": [...]} instead')
     retry.set_defaults(handler=_retry, parser=retry)
 
 
@@ -128,10 +121,8 @@ def _show(args: argparse.Namespace) -> int:
         found = get_event(conn, outbox, args.id)
     if found is None:
         raise CommandError(f"no event {args.id} in {outbox.fullname}")
-    if args.json:
-        print(as_json(found))
-        return 0
-    print(format_record(found, long=("payload", "headers", "last_error")))
+    long = ("payload", "headers", "last_error")
+    print(as_json(found) if args.json else format_record(found, long=long))
     return 0
 
 
@@ -142,11 +133,12 @@ def _retry(args: argparse.Namespace) -> int:
     with connection(args, write=True) as conn:
         outbox = outbox_table(args, conn)
         retried = retry_parked(conn, outbox, ids=args.ids or None)
-    if args.json:
-        print(as_json({"retried": retried}))
-    elif not retried:
-        print("no parked events to retry")
-    else:
-        print(f"retried {len(retried)} event(s), unparked:")
-        print(listed_ids(retried))
+    print(
+        format_retried(
+            retried,
+            in_json=args.json,
+            nothing="no parked events to retry",
+            done=f"retried {len(retried)} event(s), unparked:",
+        )
+    )
     return 0

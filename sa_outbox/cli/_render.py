@@ -1,4 +1,4 @@
-"""How the inspection commands print: aligned tables, ages, times, JSON."""
+"""How the inspection commands print: aligned tables, ages, times, JSON, rows, retries."""
 
 from __future__ import annotations
 
@@ -88,3 +88,72 @@ def span(value: dt.timedelta) -> str:
         if text.endswith(tail) and len(text) > len(tail):
             return text[: -len(tail)]
     return text
+
+
+def format_record(found: dict[str, Any], *, long: tuple[str, ...]) -> str:
+    """A row as ``name: value`` lines, the ``long`` columns last and whole.
+
+    Example:
+        >>> print(format_record({"id": 1, "payload": {"a": 1}, "kind": "ping"}, long=("payload",)))
+        id:      1
+        kind:    ping
+        payload:
+          {
+            "a": 1
+          }
+    """
+    width = max(len(name) for name in found) + 2
+    lines = []
+    for name, value in found.items():
+        if name in long:
+            continue
+        shown = moment(value) + " UTC" if isinstance(value, dt.datetime) else value
+        lines.append(f"{name + ':':<{width}}{'-' if shown is None else shown}")
+    for name in long:
+        if name not in found:
+            continue
+        value = found[name]
+        if value is None:
+            lines.append(f"{name + ':':<{width}}-")
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, indent=2, default=str)
+        lines.append(f"{name}:")
+        lines += [f"  {line}" for line in text.splitlines()]
+    return "\n".join(lines)
+
+
+#: How many ids a retry prints before it says how many more there were.
+SHOWN_IDS = 20
+
+
+def listed_ids(ids: list[Any]) -> str:
+    """The ids a retry changed, one a line, the first `SHOWN_IDS` only.
+
+    Example:
+        >>> print(listed_ids(list(range(22))))  # doctest: +ELLIPSIS
+          0
+          1
+        ...
+          19
+          … and 2 more
+    """
+    lines = [f"  {i}" for i in ids[:SHOWN_IDS]]
+    if len(ids) > SHOWN_IDS:
+        lines.append(f"  … and {len(ids) - SHOWN_IDS} more")
+    return "\n".join(lines)
+
+
+def format_retried(retried: list[Any], *, in_json: bool, nothing: str, done: str) -> str:
+    """What a retry prints: ``{"retried": [...]}`` with ``in_json``, else ``nothing`` when
+    none changed, else ``done`` and the ids (`listed_ids`).
+
+    Example:
+        >>> print(format_retried([1], in_json=False, nothing="none", done="retried 1:"))
+        retried 1:
+          1
+    """
+    if in_json:
+        return as_json({"retried": retried})
+    if not retried:
+        return nothing
+    return f"{done}\n{listed_ids(retried)}"

@@ -12,7 +12,15 @@ from sqlalchemy import Table
 
 from ..queue import QueueDepth, QueueStatus, queue_depths, queue_status
 from ..schema import JobStatus
-from ._common import CommandError, _add_database_url, parse_duration, positive_seconds
+from ._common import (
+    CommandError,
+    Handler,
+    _add_command,
+    _add_database_url,
+    _positive_int,
+    parse_duration,
+    positive_seconds,
+)
 from ._render import age, as_json, moment, span, table
 from ._targets import add_job_target, add_outbox_target, database, job_table, outbox_table
 
@@ -33,7 +41,8 @@ example:
 
 
 def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser(
+    parser = _add_command(
+        commands,
         "status",
         help="the queue at a glance: counts, oldest ready job, failures, leases, workers",
         description=(
@@ -43,7 +52,6 @@ def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
             "job table, the outbox table, or both. Only reads."
         ),
         epilog=_STATUS_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_job_target(parser)
     add_outbox_target(parser)
@@ -54,12 +62,11 @@ def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=dt.timedelta(hours=1),
         help="count the jobs failed within this long (default: 1h)",
     )
-    _add_output(parser)
-    _add_database_url(parser)
-    parser.set_defaults(handler=_status)
+    _add_output_and_database(parser, _status)
 
 
-def _add_output(parser: argparse.ArgumentParser) -> None:
+def _add_output_and_database(parser: argparse.ArgumentParser, handler: Handler) -> None:
+    """``--json``, ``--watch``, ``--count`` and ``--database-url``; ``handler`` runs it."""
     parser.add_argument("--json", action="store_true", help="print JSON (one line per frame)")
     parser.add_argument(
         "--watch",
@@ -72,23 +79,16 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--count",
         metavar="N",
-        type=_frames,
+        type=_positive_int,
         help="with --watch: stop after N frames",
     )
-
-
-def _frames(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than zero, got {value}")
-    return number
+    _add_database_url(parser)
+    parser.set_defaults(handler=handler)
 
 
 def _add_queues(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser(
+    parser = _add_command(
+        commands,
         "queues",
         help="each queue's jobs by status and its throughput of the last minutes",
         description=(
@@ -96,7 +96,6 @@ def _add_queues(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
             "by updated_at) within --within, per minute. Only reads."
         ),
         epilog=_QUEUES_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_job_target(parser)
     parser.add_argument(
@@ -106,9 +105,7 @@ def _add_queues(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         default=dt.timedelta(minutes=5),
         help="the window of the throughput (default: 5m)",
     )
-    _add_output(parser)
-    _add_database_url(parser)
-    parser.set_defaults(handler=_queues)
+    _add_output_and_database(parser, _queues)
 
 
 def _statuses(found: set[str]) -> list[str]:

@@ -12,13 +12,13 @@ import argparse
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from sqlalchemy import Connection, Engine, MetaData, Table
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
 
 from ..schema import TABLE_KIND_INFO_KEY, resolve_table
-from ._common import CommandError, _connect, _database_error, load_table
+from ._common import CommandError, _add_database_url, _connect, _database_error, load_table
 
 _JOB_COLUMNS = frozenset(
     {"id", "kind", "queue", "status", "attempts", "max_attempts", "run_at", "lease_token"}
@@ -86,36 +86,48 @@ def job_id(value: str) -> uuid.UUID:
         ) from None
 
 
+def _add_target(
+    parser: argparse.ArgumentParser, model: str, model_help: str, table: str, table_help: str
+) -> None:
+    """``model`` (an import path) or ``table`` (a name to reflect), not both."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(model, metavar="TARGET", help=model_help)
+    group.add_argument(table, metavar="[SCHEMA.]TABLE", type=table_name, help=table_help)
+
+
 def add_job_target(parser: argparse.ArgumentParser) -> None:
     """``--model TARGET`` or ``--jobs-table [SCHEMA.]TABLE``."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
+    _add_target(
+        parser,
         "--model",
-        metavar="TARGET",
-        help="the job model (or its JobApp), as module:attribute, e.g. myapp.models:Job",
-    )
-    group.add_argument(
+        "the job model (or its JobApp), as module:attribute, e.g. myapp.models:Job",
         "--jobs-table",
-        metavar="[SCHEMA.]TABLE",
-        type=table_name,
-        help="or the job table's name, read from the database, e.g. public.jobs",
+        "or the job table's name, read from the database, e.g. public.jobs",
     )
 
 
 def add_outbox_target(parser: argparse.ArgumentParser) -> None:
     """``--outbox-model TARGET`` or ``--outbox-table [SCHEMA.]TABLE``."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
+    _add_target(
+        parser,
         "--outbox-model",
-        metavar="TARGET",
-        help="the outbox model, as module:attribute, e.g. myapp.models:OutboxEvent",
-    )
-    group.add_argument(
+        "the outbox model, as module:attribute, e.g. myapp.models:OutboxEvent",
         "--outbox-table",
-        metavar="[SCHEMA.]TABLE",
-        type=table_name,
-        help="or the outbox table's name, read from the database, e.g. public.outbox",
+        "or the outbox table's name, read from the database, e.g. public.outbox",
     )
+
+
+def add_json_and_target(
+    parser: argparse.ArgumentParser,
+    add_target: Callable[[argparse.ArgumentParser], None],
+    *,
+    json_help: str,
+) -> None:
+    """The last options of a ``jobs`` or ``outbox`` action: ``--json``, the table
+    (`add_job_target` or `add_outbox_target`) and ``--database-url``."""
+    parser.add_argument("--json", action="store_true", help=json_help)
+    add_target(parser)
+    _add_database_url(parser)
 
 
 def _reflect(conn: Connection, value: str, kind: str, needed: frozenset[str]) -> Table:
@@ -130,51 +142,80 @@ def _reflect(conn: Connection, value: str, kind: str, needed: frozenset[str]) ->
     return table
 
 
+def _a(kind: str) -> str:
+    return "an outbox" if kind == "outbox" else "a job"
+
+
 def _model(target: str, kind: str, option: str) -> Table:
     table = load_table(target)
     found = table.info.get(TABLE_KIND_INFO_KEY)
     if found is not None and found != kind:
         other = "--outbox-model" if kind == "outbox" else "--model"
         raise CommandError(
-            f"{target} is {'an outbox' if found == 'outbox' else 'a job'} "
-            f"model; {option} needs the {kind} model (did you mean {other}?)"
+            f"{target} is {_a(found)} model; {option} needs the {kind} model "
+            f"(did you mean {other}?)"
         )
     return table
 
 
-def job_table(args: argparse.Namespace, conn: Connection, *, required: bool = True) -> Table | None:
-    """The job table the arguments name (``--model``, ``--jobs-table``, or the preset)."""
-    if getattr(args, "model", None):
-        return _model(args.model, "job", "--model")
-    if getattr(args, "jobs_table", None):
-        return _reflect(conn, args.jobs_table, "a job", _JOB_COLUMNS)
-    preset = preset_of(args).jobs
+def _table(
+    conn: Connection,
+    *,
+    model: str | None,
+    name: str | None,
+    preset: object | None,
+    kind: str,
+    option: str,
+    columns: frozenset[str],
+    missing: str,
+    required: bool,
+) -> Table | None:
+    """The table of ``model`` (an import path), else the one reflected by ``name``, else the
+    preset's; with none of them, ``missing`` as the error when ``required``."""
+    if model:
+        return _model(model, kind, option)
+    if name:
+        return _reflect(conn, name, _a(kind), columns)
     if preset is not None:
         return resolve_table(preset)
     if required:
-        raise CommandError(
-            "give the job table: --model myapp.models:Job or --jobs-table SCHEMA.TABLE"
-        )
+        raise CommandError(missing)
     return None
+
+
+def job_table(args: argparse.Namespace, conn: Connection, *, required: bool = True) -> Table | None:
+    """The job table the arguments name (``--model``, ``--jobs-table``, or the preset)."""
+    return _table(
+        conn,
+        model=getattr(args, "model", None),
+        name=getattr(args, "jobs_table", None),
+        preset=preset_of(args).jobs,
+        kind="job",
+        option="--model",
+        columns=_JOB_COLUMNS,
+        missing="give the job table: --model myapp.models:Job or --jobs-table SCHEMA.TABLE",
+        required=required,
+    )
 
 
 def outbox_table(
     args: argparse.Namespace, conn: Connection, *, required: bool = True
 ) -> Table | None:
     """The outbox table the arguments name (``--outbox-model``, ``--outbox-table``, preset)."""
-    if getattr(args, "outbox_model", None):
-        return _model(args.outbox_model, "outbox", "--outbox-model")
-    if getattr(args, "outbox_table", None):
-        return _reflect(conn, args.outbox_table, "an outbox", _OUTBOX_COLUMNS)
-    preset = preset_of(args).outbox
-    if preset is not None:
-        return resolve_table(preset)
-    if required:
-        raise CommandError(
+    return _table(
+        conn,
+        model=getattr(args, "outbox_model", None),
+        name=getattr(args, "outbox_table", None),
+        preset=preset_of(args).outbox,
+        kind="outbox",
+        option="--outbox-model",
+        columns=_OUTBOX_COLUMNS,
+        missing=(
             "give the outbox table: --outbox-model myapp.models:OutboxEvent "
             "or --outbox-table SCHEMA.TABLE"
-        )
-    return None
+        ),
+        required=required,
+    )
 
 
 @contextlib.contextmanager

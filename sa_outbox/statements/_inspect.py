@@ -262,6 +262,13 @@ def select_jobs(
     return stmt.order_by(t.c.updated_at.desc(), t.c.id).limit(size)
 
 
+def _select_by_id(target: object, row_id: object, what: str) -> Select[Any]:
+    """Every column of the row ``row_id`` (``what`` names it in the error of a bad id)."""
+    chosen = as_uuid(row_id, what)
+    t = table_of(target)
+    return select(t).where(t.c.id == chosen)
+
+
 def select_job(target: object, job_id: object) -> Select[Any]:
     """Every column of one job (zero rows when there is none with that id).
 
@@ -278,9 +285,7 @@ def select_job(target: object, job_id: object) -> Select[Any]:
         ...
         sa_outbox._exceptions.InvalidArgument: job id is not a UUID: '42'
     """
-    chosen = as_uuid(job_id, "job id")
-    t = table_of(target)
-    return select(t).where(t.c.id == chosen)
+    return _select_by_id(target, job_id, "job id")
 
 
 def select_job_statuses(target: object, job_ids: list[Any]) -> Select[Any]:
@@ -392,9 +397,7 @@ def select_event(target: object, event_id: object) -> Select[Any]:
         ...
         sa_outbox._exceptions.InvalidArgument: event id is not a UUID: 'x'
     """
-    chosen = as_uuid(event_id, "event id")
-    t = table_of(target)
-    return select(t).where(t.c.id == chosen)
+    return _select_by_id(target, event_id, "event id")
 
 
 def select_event_states(target: object, event_ids: list[Any]) -> Select[Any]:
