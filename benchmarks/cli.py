@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.core import BACKLOG, QUICK_BACKLOG, Context, Sample, SystemSpec, make_row
-from benchmarks.database import DEFAULT_URL, ENV_URL, Database
+from benchmarks.database import BENCH_DATABASE, DEFAULT_URL, ENV_NAME, ENV_URL, Database
 
 __all__ = ["DEFAULT_N", "QUICK_N", "SYSTEMS", "WORKLOADS", "main"]
 
@@ -108,6 +108,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"the server to use (its database sa_outbox_bench); default ${ENV_URL}, "
         f"else {DEFAULT_URL}",
     )
+    parser.add_argument(
+        "--database-name",
+        default=None,
+        help=f"the database on that server to work in (default ${ENV_NAME}, else "
+        f"{BENCH_DATABASE}): two suites at once on one server need one each",
+    )
     args = parser.parse_args(argv)
     args.workloads = args.workloads or list(DEFAULT_WORKLOADS)
     args.systems = args.systems or list(SYSTEMS)
@@ -153,7 +159,7 @@ def run_pair(db: Database, spec: SystemSpec, workload: str, n: int, quick: bool)
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite; exit 1 if any selected (workload, system) pair produced no row."""
     args = parse_args(argv)
-    db = Database.from_url(args.database_url)
+    db = Database.from_url(args.database_url, args.database_name)
     db.ensure_database()
     started = time.time()
 

@@ -6,10 +6,12 @@ import dataclasses
 import os
 from typing import Any
 
-__all__ = ["BENCH_DATABASE", "DEFAULT_URL", "ENV_URL", "Database"]
+__all__ = ["BENCH_DATABASE", "DEFAULT_URL", "ENV_NAME", "ENV_URL", "Database"]
 
 #: The database the suite creates (if missing) and uses, never the tests' database.
-BENCH_DATABASE = os.environ.get("SA_OUTBOX_BENCH_DATABASE", "sa_outbox_bench")
+BENCH_DATABASE = "sa_outbox_bench"
+#: Names another database for the suite (two suites on one server at once).
+ENV_NAME = "SA_OUTBOX_BENCH_DATABASE"
 #: Where the server is, when neither --database-url nor the environment says.
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 ENV_URL = "SA_OUTBOX_BENCH_DATABASE_URL"
@@ -24,12 +26,15 @@ class Database:
     user: str | None
     password: str | None
     admin_database: str
+    #: The database the suite works in (`BENCH_DATABASE` unless told otherwise).
+    name: str = BENCH_DATABASE
 
     @classmethod
-    def from_url(cls, url: str | None) -> Database:
+    def from_url(cls, url: str | None, name: str | None = None) -> Database:
         """Parse ``url`` (``postgresql://`` or ``postgresql+psycopg://``); only its server counts.
 
-        ``None`` reads ``$SA_OUTBOX_BENCH_DATABASE_URL``, else `DEFAULT_URL`.
+        ``None`` reads ``$SA_OUTBOX_BENCH_DATABASE_URL``, else `DEFAULT_URL`. The suite's
+        database is ``name``, else ``$SA_OUTBOX_BENCH_DATABASE``, else `BENCH_DATABASE`.
         """
         from sqlalchemy.engine import make_url
 
@@ -42,6 +47,7 @@ class Database:
             user=parsed.username,
             password=parsed.password,
             admin_database=parsed.database or "postgres",
+            name=name or os.environ.get(ENV_NAME) or BENCH_DATABASE,
         )
 
     def _params(self, dbname: str) -> dict[str, Any]:
@@ -60,7 +66,7 @@ class Database:
         """A libpq connection string to ``sa_outbox_bench`` (``search_path`` = ``schema``)."""
         from psycopg.conninfo import make_conninfo
 
-        params = self._params(BENCH_DATABASE)
+        params = self._params(self.name)
         if schema is not None:
             params["options"] = f"-c search_path={schema}"
         return make_conninfo(**params)
@@ -75,12 +81,12 @@ class Database:
             password=self.password,
             host=self.host,
             port=self.port,
-            database=BENCH_DATABASE,
+            database=self.name,
         )
 
     def libpq_env(self, schema: str) -> dict[str, str]:
         """Environment variables for a libpq tool (pgbench) to reach ``schema``."""
-        env = {"PGDATABASE": BENCH_DATABASE, "PGOPTIONS": f"-c search_path={schema}"}
+        env = {"PGDATABASE": self.name, "PGOPTIONS": f"-c search_path={schema}"}
         for key, value in (
             ("PGHOST", self.host),
             ("PGPORT", self.port),
@@ -92,17 +98,17 @@ class Database:
         return env
 
     def ensure_database(self) -> None:
-        """CREATE DATABASE sa_outbox_bench if the server lacks it."""
+        """CREATE DATABASE sa_outbox_bench (or `name`) if the server lacks it."""
         import psycopg
         from psycopg.conninfo import make_conninfo
 
         admin = make_conninfo(**self._params(self.admin_database))
         with psycopg.connect(admin, autocommit=True) as conn:
             found = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (BENCH_DATABASE,)
+                "SELECT 1 FROM pg_database WHERE datname = %s", (self.name,)
             ).fetchone()
             if found is None:
-                conn.execute(f'CREATE DATABASE "{BENCH_DATABASE}"')
+                conn.execute(f'CREATE DATABASE "{self.name}"')
 
     def reset_schema(self, schema: str) -> None:
         """Drop ``schema`` with everything in it and create it empty (bench database only)."""

@@ -127,14 +127,50 @@ def count_status(ctx: Context, status: str) -> int:
     return int(ctx.db.scalar(ctx.schema, f"SELECT count(*) FROM jobs WHERE status = '{status}'"))
 
 
+#: W1's small row of the application's own, for its units of work.
+ORDERS_DDL = "CREATE TABLE orders (id bigserial PRIMARY KEY, total_cents integer NOT NULL)"
+ORDER_SQL = "INSERT INTO orders (total_cents) VALUES (%s) RETURNING id"
+#: W1 alternates its two kinds of unit of work in blocks of this many.
+W1_BLOCK = 250
+
+
 def _enqueue_one_at_a_time(ctx: Context) -> Sample:
+    """W1: ``throughput``, one autocommit INSERT per job; then, as sa-sync measures its
+    Session, transactions inserting one order (``unit_of_work``) and one order and one job
+    (``unit_of_work_job``), alternated in blocks: the floor of what a job adds
+    (``job_overhead``)."""
     with _connect(ctx) as conn:
+        conn.execute(ORDERS_DDL)
         started = time.perf_counter()
         for _ in range(ctx.n):
             conn.execute(INSERT_SQL, ("noop", "{}"))
         elapsed = time.perf_counter() - started
-    _check_pending(ctx)
-    return {"throughput": throughput(ctx.n, elapsed)}
+
+        def plain() -> None:
+            with conn.transaction():
+                conn.execute(ORDER_SQL, (1200,)).fetchone()
+
+        def with_job() -> None:
+            with conn.transaction():
+                conn.execute(ORDER_SQL, (1200,)).fetchone()
+                conn.execute(INSERT_SQL, ("noop", "{}"))
+
+        spent = {plain: 0.0, with_job: 0.0}
+        for start in range(0, ctx.n, W1_BLOCK):
+            for unit in (plain, with_job) if start % (2 * W1_BLOCK) == 0 else (with_job, plain):
+                began = time.perf_counter()
+                for _ in range(min(W1_BLOCK, ctx.n - start)):
+                    unit()
+                spent[unit] += time.perf_counter() - began
+    found = count_status(ctx, "pending")
+    if found != 2 * ctx.n:
+        raise BenchmarkError(f"raw: {found} pending jobs, expected {2 * ctx.n}")
+    return {
+        "throughput": throughput(ctx.n, elapsed),
+        "unit_of_work": throughput(ctx.n, spent[plain]),
+        "unit_of_work_job": throughput(ctx.n, spent[with_job]),
+        "job_overhead": 100.0 * (spent[with_job] / spent[plain] - 1.0),
+    }
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -352,7 +388,11 @@ SYSTEM = SystemSpec(
     versions=_versions,
     workloads={
         "W1": WorkloadSpec(
-            _enqueue_one_at_a_time, "one autocommit connection, one INSERT per job (psycopg 3)"
+            _enqueue_one_at_a_time,
+            "one autocommit connection, one INSERT per job (psycopg 3); unit_of_work: one "
+            "transaction inserting one order row; unit_of_work_job: the same plus the job's "
+            "INSERT; job_overhead: how much longer that one takes (%), the two alternated in "
+            f"blocks of {W1_BLOCK}",
         ),
         "W2": WorkloadSpec(
             _concurrent_producers,

@@ -38,6 +38,8 @@ __all__ = ["SYSTEM", "Acknowledged"]
 
 #: Units of work written per transaction when W8 pre-writes its backlog (not timed).
 EVENTS_PER_UNIT = 100
+#: W1 alternates its two kinds of unit of work in blocks of this many.
+W1_BLOCK = 250
 
 
 class Acknowledged:
@@ -79,22 +81,59 @@ def _app(ctx: Context, handler: Any = None) -> Any:
 
 
 def _enqueue_one_at_a_time(ctx: Context) -> Sample:
+    """W1, as the README writes it (defaults throughout, ``create_engine(url)``).
+
+    ``throughput``: ``JobQueue.enqueue(engine, …)``, one autocommit INSERT per job. Then, in
+    the same run, units of work of one ORM Session transaction each: inserting one small row
+    (``unit_of_work``), and the same plus ``sa_outbox.enqueue(session, …)`` (``unit_of_work_job``),
+    alternated in blocks so that both see the same machine; ``job_overhead`` is how much
+    longer the second takes, in percent.
+    """
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import sessionmaker
+
+    import sa_outbox
     from sa_outbox import JobQueue
 
-    engine = make_engine(ctx)
-    queue = JobQueue(models_for(ctx.schema).job)
+    m = models_for(ctx.schema)
+    engine = create_engine(ctx.db.sqlalchemy_url())
+    queue = JobQueue(m.job)
+    session_factory = sessionmaker(engine)
+    sa_outbox.install(session_factory, job_model=m.job)
+
+    def plain() -> None:
+        with session_factory() as session, session.begin():
+            session.add(m.order(total_cents=1200))
+
+    def with_job() -> None:
+        with session_factory() as session, session.begin():
+            session.add(m.order(total_cents=1200))
+            sa_outbox.enqueue(session, "noop", {})
+
     try:
-        with engine.connect():
-            pass  # the pool's first connection is not part of the measurement
+        queue.enqueue(engine, "warm-up", {})  # the pool's first connection, not measured
+        plain()
+        with_job()
         started = time.perf_counter()
         for _ in range(ctx.n):
-            with engine.begin() as conn:
-                queue.enqueue(conn, "noop", {})
+            queue.enqueue(engine, "noop", {})
         elapsed = time.perf_counter() - started
+        spent = {plain: 0.0, with_job: 0.0}
+        for start in range(0, ctx.n, W1_BLOCK):
+            for unit in (plain, with_job) if start % (2 * W1_BLOCK) == 0 else (with_job, plain):
+                began = time.perf_counter()
+                for _ in range(min(W1_BLOCK, ctx.n - start)):
+                    unit()
+                spent[unit] += time.perf_counter() - began
     finally:
         engine.dispose()
-    check_jobs(ctx, "pending", ctx.n)
-    return {"throughput": throughput(ctx.n, elapsed)}
+    check_jobs(ctx, "pending", 2 * ctx.n + 2)
+    return {
+        "throughput": throughput(ctx.n, elapsed),
+        "unit_of_work": throughput(ctx.n, spent[plain]),
+        "unit_of_work_job": throughput(ctx.n, spent[with_job]),
+        "job_overhead": 100.0 * (spent[with_job] / spent[plain] - 1.0),
+    }
 
 
 def _concurrent_producers(ctx: Context) -> Sample:
@@ -425,7 +464,12 @@ SYSTEM = SystemSpec(
     versions=versions,
     workloads={
         "W1": WorkloadSpec(
-            _enqueue_one_at_a_time, "JobQueue.enqueue, one engine.begin() transaction per job"
+            _enqueue_one_at_a_time,
+            "defaults as in the README (create_engine(url), sessionmaker, sa_outbox.install); "
+            "throughput: JobQueue.enqueue(engine, …), one autocommit INSERT per job; unit: "
+            "one Session transaction adding one Order row; unit_of_work_job: the same plus "
+            "sa_outbox.enqueue(session, …); job_overhead: how much longer that one takes (%), "
+            f"the two alternated in blocks of {W1_BLOCK} in the same run",
         ),
         "W2": WorkloadSpec(
             _concurrent_producers,

@@ -1,13 +1,23 @@
-"""Small helpers the tests share: reading rows back the way an operator would."""
+"""Small helpers the tests share: reading rows back the way an operator would, running
+``sa-outbox`` in process, and listening to a job table's notifications."""
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import psycopg
+import pytest
 from sqlalchemy import Engine, select
 
+from sa_outbox import JobQueue
+from sa_outbox.cli import main
+from sa_outbox.statements import listen_sql
+
 from .conftest import Job, OutboxEvent
+
+T = TypeVar("T")
 
 
 def job_row(engine: Engine, job_id: uuid.UUID) -> Any:
@@ -28,3 +38,53 @@ def event_rows(engine: Engine) -> list[Any]:
     t = OutboxEvent.__table__
     with engine.connect() as conn:
         return list(conn.execute(select(t).order_by(t.c.seq)).all())
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``sa-outbox *argv`` in this process: its exit status, what it printed, its errors."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_exit(capsys: pytest.CaptureFixture[str], argv: list[str], code: int) -> tuple[str, str]:
+    """``sa-outbox argv`` where argparse exits (``--help``: 0, a usage error: 2): checks the
+    status and returns what it printed and its errors."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == code
+    out, err = capsys.readouterr()
+    return out, err
+
+
+def assert_one_line_error(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """``sa-outbox argv`` fails with status 1 and one line, ``sa-outbox COMMAND: error: …``
+    with ``message`` in it, and prints nothing else."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1 and out == ""
+    assert err.startswith(f"sa-outbox {argv[0]}: error: ") and message in err, err
+    assert err.count("\n") == 1
+
+
+def notifications_during(
+    engine: Engine, model: Any, action: Callable[[], T]
+) -> tuple[T, list[str]]:
+    """What ``action()`` returned, and the payloads the NOTIFY channel of ``model``'s table
+    received while it ran (what it committed)."""
+    with engine.connect() as conn:
+        channel = JobQueue(model).notify_channel(conn)
+    assert channel is not None
+    raw = engine.raw_connection()
+    listener = raw.driver_connection
+    raw.detach()
+    assert isinstance(listener, psycopg.Connection)
+    try:
+        listener.autocommit = True
+        listener.execute(listen_sql(channel))
+        result = action()
+        listener.execute("SELECT 1")  # the notifications of a committed write are in
+        return result, [n.payload for n in listener.notifies(timeout=0)]
+    finally:
+        listener.close()

@@ -35,6 +35,7 @@ from sa_outbox.queue._copy import _COLUMNS, _append_checked, plan_copy
 from sa_outbox.statements import listen_sql
 
 from .conftest import Job
+from .helpers import notifications_during
 
 T = Job.__table__
 
@@ -163,16 +164,8 @@ def test_it_joins_the_transaction_of_a_connection_or_session(engine: Engine) -> 
 
 def test_one_notification_per_copy(engine: Engine) -> None:
     queue = JobQueue(Job)
-    with engine.connect() as conn:
-        channel = queue.notify_channel(conn)
-    assert channel is not None
-    raw = engine.raw_connection()
-    listener = raw.driver_connection
-    raw.detach()
-    assert isinstance(listener, psycopg.Connection)
-    try:
-        listener.autocommit = True
-        listener.execute(listen_sql(channel))
+
+    def copy() -> None:
         jobs = [NewJob("a", {}, queue="emails" if n % 2 else "default") for n in range(500)]
         with engine.begin() as conn:
             queue.enqueue_copy(conn, jobs)
@@ -180,10 +173,9 @@ def test_one_notification_per_copy(engine: Engine) -> None:
         with engine.connect() as conn:  # rolled back: no notification
             queue.enqueue_copy(conn, [NewJob("c", {}, queue="reports")])
             conn.rollback()
-        listener.execute("SELECT 1")  # the notifications of the commit are in
-        got = [json.loads(n.payload) for n in listener.notifies(timeout=0)]
-    finally:
-        listener.close()
+
+    _, payloads = notifications_during(engine, Job, copy)
+    got = [json.loads(p) for p in payloads]
     assert got == [["default", "emails"], ["emails"]]
 
 

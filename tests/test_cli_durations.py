@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from sa_outbox.cli import build_parser, main
+from sa_outbox.cli import build_parser
+
+from .helpers import cli_exit
 
 
 @pytest.mark.parametrize(
@@ -29,10 +31,7 @@ from sa_outbox.cli import build_parser, main
 def test_durations_must_be_finite_and_positive(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == 2
-    *usage, error = capsys.readouterr().err.splitlines()
+    *usage, error = cli_exit(capsys, argv, 2)[1].splitlines()
     assert usage[0].startswith("usage: sa-outbox ")
     assert ": error: argument " in error and message in error  # one line says it all
 

@@ -7,15 +7,13 @@ import datetime as dt
 import json
 import uuid
 
-import psycopg
 import pytest
 from sqlalchemy import Engine, select
 
-from sa_outbox import JobQueue
 from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL, main
-from sa_outbox.statements import listen_sql
 
 from .conftest import Job
+from .helpers import notifications_during
 
 MODEL = "tests.conftest:Job"
 WHEN = "2030-01-01T09:00:00Z"
@@ -166,19 +164,8 @@ def test_an_unreachable_database_is_one_line_without_the_password(
 
 
 def test_workers_listening_on_the_table_are_notified(engine: Engine) -> None:
-    with engine.connect() as conn:
-        channel = JobQueue(Job).notify_channel(conn)
-    assert channel is not None
-    raw = engine.raw_connection()
-    listener = raw.driver_connection
-    raw.detach()
-    assert isinstance(listener, psycopg.Connection)
-    try:
-        listener.autocommit = True
-        listener.execute(listen_sql(channel))
-        assert enqueue("ping", "--payload", "{}", "--model", MODEL, "--queue", "pings") == 0
-        listener.execute("SELECT 1")  # the notifications of a committed insert are in
-        got = [json.loads(n.payload) for n in listener.notifies(timeout=0)]
-    finally:
-        listener.close()
+    argv = ["ping", "--payload", "{}", "--model", MODEL, "--queue", "pings"]
+    code, payloads = notifications_during(engine, Job, lambda: enqueue(*argv))
+    assert code == 0
+    got = [json.loads(p) for p in payloads]
     assert len(got) == 1 and "pings" in json.dumps(got)

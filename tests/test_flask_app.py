@@ -156,6 +156,61 @@ def test_the_flask_worker_command_sends_the_confirmations(app: Any) -> None:
     assert "order 999 does not exist" in error
 
 
+def test_the_flask_status_jobs_and_outbox_commands_see_and_retry_a_failed_job(app: Any) -> None:
+    client = app.test_client()
+    order = {"reference": "S-1", "email": "s@example.com", "total_cents": 5}
+    assert client.post("/orders", json=order).status_code == 201
+    with app.app_context():  # fails: order 999 does not exist (yet)
+        sa_outbox.enqueue(
+            db.session, "send-confirmation", {"order_id": 999}, model=Job, queue="emails"
+        )
+        db.session.commit()
+    runner = app.test_cli_runner()
+    assert "worked 2 job(s)" in runner.invoke(args=["worker", "--drain"]).output
+
+    status = runner.invoke(args=["status"])
+    assert status.exit_code == 0, status.output
+    rows = [line.split() for line in status.output.splitlines()]
+    assert ["emails", "send-confirmation", "0", "0", "1", "1"] in rows
+    assert "failed, last 1h    1" in status.output
+    assert "backlog            1 unpublished" in status.output  # the OrderPlaced event
+    listed = runner.invoke(args=["jobs", "list", "--status", "failed"])
+    assert listed.exit_code == 0 and "order 999 does not exist" in listed.output
+    failed_id = listed.output.splitlines()[1].split()[0]
+    shown = runner.invoke(args=["jobs", "show", failed_id, "--json"])
+    assert json.loads(shown.output)["payload"] == {"order_id": 999}
+    assert "OrderPlaced" in runner.invoke(args=["outbox", "list"]).output
+    assert runner.invoke(args=["queues"]).output.startswith("queue ")
+
+    with app.app_context():  # the cause fixed: the order exists now
+        db.session.execute(
+            text(
+                "INSERT INTO orders (id, reference, email, total_cents) "
+                "VALUES (999, 'S-999', 'late@example.com', 1)"
+            )
+        )
+        db.session.commit()
+    retried = runner.invoke(args=["jobs", "retry", "--all-failed"])
+    assert (
+        retried.exit_code == 0
+        and f"retried 1 job(s), pending now:\n  {failed_id}" in retried.output
+    )
+    assert "worked 1 job(s)" in runner.invoke(args=["worker", "--drain"]).output
+    assert client.get("/status.json").json["jobs"]["failed"] == 0
+
+
+def test_the_flask_admin_commands_help_and_bad_input(app: Any) -> None:
+    runner = app.test_cli_runner()
+    helped = runner.invoke(args=["status", "--help"])
+    assert helped.exit_code == 0 and "usage: flask status" in helped.output
+    assert "example:" in helped.output
+    assert "status" in runner.invoke(args=["--help"]).output
+    bad = runner.invoke(args=["jobs", "show", "42"])
+    assert bad.exit_code == 2
+    unknown = runner.invoke(args=["jobs", "show", "00000000-0000-0000-0000-000000000001"])
+    assert unknown.exit_code == 1
+
+
 def test_the_flask_relay_command_publishes_the_events_once(app: Any) -> None:
     client = app.test_client()
     for i in range(3):

@@ -8,7 +8,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
@@ -20,6 +19,8 @@ import alembic_ext  # noqa: F401  (registers op.create_job_queue)
 from sa_outbox import JobMixin, JobQueue, NewJob
 from sa_outbox.schema._notify_trigger import job_notify_channel
 from sa_outbox.statements import listen_sql, parse_notify_payload
+
+from .helpers import notifications_during
 
 WAIT = 10.0
 
@@ -56,23 +57,13 @@ def trigger_objects(engine: Engine, schema: str) -> tuple[list[str], list[str]]:
 
 def notifications(engine: Engine, model: Any, enqueue: Any) -> list[Any]:
     """Run ``enqueue(conn)`` and return the payloads the table's channel received."""
-    queue = JobQueue(model)
-    with engine.connect() as conn:
-        channel = queue.notify_channel(conn)
-    assert channel is not None
-    raw = engine.raw_connection()
-    listener = raw.driver_connection
-    raw.detach()
-    assert isinstance(listener, psycopg.Connection)
-    try:
-        listener.autocommit = True
-        listener.execute(listen_sql(channel))
+
+    def committed() -> None:
         with engine.begin() as conn:
             enqueue(conn)
-        listener.execute("SELECT 1")  # the notifications of a committed insert are in
-        return [json.loads(n.payload) for n in listener.notifies(timeout=0)]
-    finally:
-        listener.close()
+
+    _, payloads = notifications_during(engine, model, committed)
+    return [json.loads(p) for p in payloads]
 
 
 def test_create_all_creates_the_trigger_and_drop_all_its_function(

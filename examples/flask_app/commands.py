@@ -1,4 +1,6 @@
-"""The ``flask`` commands of the example: the worker and the relay."""
+"""The ``flask`` commands of the example: the worker, the relay, and the commands that see and
+steer the queue (``flask status``, ``flask queues``, ``flask jobs …``, ``flask outbox …``),
+which are sa-outbox's own run on the app's engine and models."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import click
 from flask import Flask
 
 from sa_outbox import ClaimedEvent, Relay, Worker
+from sa_outbox.cli import run_admin
 from sa_outbox.publishers.callable import CallablePublisher
 
-from .models import OutboxEvent, db
+from .models import Job, OutboxEvent, db
 from .tasks import make_job_app
 
 
@@ -35,8 +38,35 @@ def _publisher() -> Any:
     return CallablePublisher(_print_message)
 
 
+#: sa-outbox's commands mounted under ``flask``, with what ``flask --help`` says of each.
+ADMIN_COMMANDS = {
+    "status": "The queue at a glance: counts, oldest ready job, failures, workers.",
+    "queues": "Each queue's jobs by status and its throughput of the last minutes.",
+    "jobs": "List, show and retry jobs (flask jobs list --status failed).",
+    "outbox": "List, show and retry parked outbox events (flask outbox list --parked).",
+}
+
+
+def _add_admin_command(app: Flask, name: str, summary: str) -> None:
+    @app.cli.command(
+        name,
+        help=f"{summary} See: flask {name} --help",
+        short_help=summary,
+        add_help_option=False,  # --help goes to sa-outbox's own parser, with its examples
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+    @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+    def admin_command(argv: tuple[str, ...]) -> None:
+        code = run_admin(
+            [name, *argv], engine=db.engine, jobs=Job, outbox=OutboxEvent, prog="flask"
+        )
+        raise SystemExit(code)
+
+
 def register(app: Flask) -> None:
     """Add the example's commands to ``app.cli``."""
+    for name, summary in ADMIN_COMMANDS.items():
+        _add_admin_command(app, name, summary)
 
     @app.cli.command("worker")
     @click.option("--concurrency", default=8, show_default=True, help="Jobs run at once.")

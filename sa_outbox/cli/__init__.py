@@ -2,7 +2,9 @@
 
 May import anything in the package; nothing in the package imports it. One module per
 command group: ``_worker``, ``_relay``, ``_maintenance`` (prune, health, partitions),
-``_jobs`` (jobs enqueue), ``_main`` (the parser, ``demo`` and `main`), ``_common`` (what
+``_jobs`` (jobs enqueue, list, show, retry), ``_outbox`` (outbox list, show, retry),
+``_status`` (status, queues), ``_targets`` (which tables: --model / --jobs-table …),
+``_render`` (tables, ages, JSON), ``_main`` (the parser, ``demo`` and `main`), ``_common`` (what
 they share).
 
 Every command finds the database the same way: ``--database-url URL``, else
@@ -34,6 +36,17 @@ Commands:
     Adds one job to the job table of the model at ``TARGET`` and prints its id, or that its
     ``--dedup-key`` was taken and it was skipped; ``--delay 30s`` or ``--run-at ISO``
     schedule it, ``--json`` prints ``{"id": …, "inserted": …}``.
+
+``sa-outbox status [--model TARGET | --jobs-table T] [--outbox-model TARGET | …] …``
+    Prints the jobs by queue, kind and status, the oldest ready job's age, the jobs failed
+    in the last hour, expired leases, the outbox backlog and parked events, the workers
+    connected now; ``--json`` for scripts, ``--watch [SECONDS]`` to refresh in place.
+
+``sa-outbox jobs list|show|retry …``, ``sa-outbox outbox list|show|retry …``, ``sa-outbox queues``
+    List jobs (``--status failed --kind K --queue Q --limit N``), show one whole, retry
+    failed jobs by id or ``--all-failed``; list, show and retry parked events; each queue's
+    depth and throughput. Inside an application, `run_admin` runs them with its engine and
+    models.
 
 ``sa-outbox prune TARGET --older-than 7d [--failed-older-than 30d] [--outbox TARGET] …``
     Deletes finished jobs of the job model at ``TARGET`` (and, with ``--outbox``, published
@@ -74,7 +87,7 @@ from ._common import (
     positive_seconds,
     seconds_or_zero,
 )
-from ._main import build_parser, main
+from ._main import build_admin_parser, build_parser, main, run_admin
 from ._relay import load_relay_target
 from ._worker import load_target
 
@@ -82,6 +95,7 @@ __all__ = [
     "ENV_APP_DATABASE_URL",
     "ENV_DATABASE_URL",
     "CommandError",
+    "build_admin_parser",
     "build_parser",
     "database_url",
     "given_database_url",
@@ -91,5 +105,6 @@ __all__ = [
     "main",
     "parse_duration",
     "positive_seconds",
+    "run_admin",
     "seconds_or_zero",
 ]

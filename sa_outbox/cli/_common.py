@@ -77,9 +77,12 @@ def database_url(raw: str) -> URL:
     return url.set(drivername=f"postgresql+{_SYNC_DRIVER.get(driver, driver)}")
 
 
-def _engine(url: URL) -> Engine:
+def _engine(url: URL, application_name: str | None = None) -> Engine:
+    args = connect_args()
+    if application_name is not None and "application_name" not in url.query:
+        args["application_name"] = application_name  # the URL's own name wins
     try:
-        engine = create_engine(url, connect_args=connect_args())
+        engine = create_engine(url, connect_args=args)
         prepare_nothing_behind_a_pooler(engine)  # PgBouncer in transaction mode
         return engine
     except ImportError as exc:
@@ -96,21 +99,22 @@ def _names(value: str) -> list[str]:
     return names
 
 
-def _not_negative_int(value: str) -> int:
+def _whole_number(value: str) -> int:
     try:
-        number = int(value)
+        return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+
+
+def _not_negative_int(value: str) -> int:
+    number = _whole_number(value)
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return number
 
 
 def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    number = _whole_number(value)
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be more than zero, got {value}")
     return number
@@ -166,6 +170,15 @@ def _import_target(target: str) -> object:
         return import_target(target, example="myapp.models:Job")
     except InvalidArgument as exc:
         raise CommandError(str(exc)) from None
+    except Exception as exc:  # the module itself is broken: say where, in one line
+        module = target.partition(":")[0]
+        where = ""
+        if isinstance(exc, SyntaxError):
+            where = f" ({exc.filename}, line {exc.lineno})"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CommandError(
+            f"importing {module!r} failed: {type(exc).__name__}: {reason}{where}"
+        ) from None
 
 
 def load_table(target: str) -> Table:
@@ -277,6 +290,24 @@ def _resolve_url(given: str | None) -> URL:
 def _connect(args: argparse.Namespace) -> tuple[URL, Engine]:
     url = _url_of(args)
     return url, _engine(url)
+
+
+def _add_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    help: str,
+    description: str,
+    epilog: str,
+) -> argparse.ArgumentParser:
+    """A command (or an action of one) whose description and examples print as written."""
+    return commands.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def _add_database_url(parser: argparse.ArgumentParser, what: str = "PostgreSQL URL") -> None:

@@ -1,6 +1,6 @@
-"""``sa-outbox jobs``: the job table by hand. ``jobs enqueue`` adds one job.
-
-One module for the group, so that ``jobs list``, ``show`` and ``retry`` can join it.
+"""``sa-outbox jobs``: the job table by hand. ``jobs enqueue`` adds one job, ``jobs list``
+lists jobs with the first line of their error, ``jobs show`` prints one job whole, and
+``jobs retry`` sends failed jobs back to pending (attempts kept, as River and Oban do).
 """
 
 from __future__ import annotations
@@ -13,29 +13,41 @@ from typing import Any
 from sqlalchemy import Table
 from sqlalchemy.exc import DBAPIError
 
+from ..queue import get_job, kind_exists, list_jobs, retry_failed
 from ..queue._job_queue import JobQueue
 from ..queue._results import EnqueueResult
-from ..schema import TABLE_KIND_INFO_KEY
+from ..schema import TABLE_KIND_INFO_KEY, JobStatus
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from ._common import (
     CommandError,
+    _add_command,
     _add_database_url,
     _connect,
     _database_error,
     _positive_int,
+    _whole_number,
     load_table,
     parse_duration,
 )
+from ._render import as_json, format_record, format_retried, moment, table
+from ._targets import add_job_target, add_json_and_target, connection, job_id, job_table
 
 
 def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser(
+    parser = _add_command(
+        commands,
         "jobs",
-        help="work with the job table by hand: enqueue a job",
+        help="work with the job table by hand: enqueue, list, show, retry",
         description="Work with the job table by hand.",
+        epilog=(
+            "example:\n"
+            "  sa-outbox jobs list --status failed --model myapp.models:Job\n"
+            "  sa-outbox jobs retry --all-failed --kind send-email --model myapp.models:Job"
+        ),
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, title="actions")
-    enqueue = actions.add_parser(
+    enqueue = _add_command(
+        actions,
         "enqueue",
         help="add one job, as JobQueue.enqueue does, and print its id",
         description=(
@@ -43,6 +55,11 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             "and print its id; a job whose --dedup-key is already taken by a job of the same "
             "kind is skipped (and said so), not an error. Workers listening on the table "
             "are woken at commit. Durations: 30s, 5m, 2h, 1d, 1w."
+        ),
+        epilog=(
+            "example:\n"
+            "  sa-outbox jobs enqueue send-receipt --payload '{\"order_id\": 42}' \\\n"
+            "    --dedup-key receipt:42 --delay 5m --model myapp.models:Job"
         ),
     )
     enqueue.add_argument("kind", metavar="KIND", help="the job kind, e.g. send-receipt")
@@ -102,13 +119,95 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     _add_database_url(enqueue)
     enqueue.set_defaults(handler=_enqueue)
+    _add_list(actions)
+    _add_show(actions)
+    _add_retry(actions)
 
 
-def _whole_number(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+_LIST_EXAMPLE = """\
+example:
+  sa-outbox jobs list --model myapp.models:Job --status failed --kind send-email
+  sa-outbox jobs list --jobs-table public.jobs --queue emails --limit 100 --json
+"""
+
+_SHOW_EXAMPLE = """\
+example:
+  sa-outbox jobs show 0b0e6c1e-3f4a-4c9e-9d1e-2f8a3b4c5d6e --model myapp.models:Job
+"""
+
+_RETRY_EXAMPLE = """\
+example:
+  sa-outbox jobs retry 0b0e6c1e-3f4a-4c9e-9d1e-2f8a3b4c5d6e --model myapp.models:Job
+  sa-outbox jobs retry --all-failed --kind send-email --model myapp.models:Job
+
+A retried job keeps its attempts (the history stays true); a job that used them all gets
+one more (max_attempts is raised to attempts + 1), as River and Oban retry. --reset-attempts
+gives it every attempt again instead. Only failed jobs change: never a running one.
+"""
+
+
+def _add_list(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = _add_command(
+        actions,
+        "list",
+        help="list jobs, most recently updated first, with their error's first line",
+        description="List jobs, most recently updated first. Filters combine. Only reads.",
+        epilog=_LIST_EXAMPLE,
+    )
+    parser.add_argument(
+        "--status",
+        metavar="S",
+        choices=_STATUSES,
+        help=f"only jobs in this status: {', '.join(_STATUSES)} (default: any)",
+    )
+    parser.add_argument("--kind", metavar="K", help="only jobs of this kind")
+    parser.add_argument("--queue", metavar="Q", help="only jobs of this queue")
+    parser.add_argument(
+        "--limit",
+        metavar="N",
+        type=_positive_int,
+        default=50,
+        help="at most N jobs (default: %(default)s)",
+    )
+    add_json_and_target(parser, add_job_target, json_help="print a JSON list instead")
+    parser.set_defaults(handler=_list)
+
+
+def _add_show(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = _add_command(
+        actions,
+        "show",
+        help="print one job: every column, the payload and the whole last error",
+        description="Print every column of one job, its payload and its whole last error.",
+        epilog=_SHOW_EXAMPLE,
+    )
+    parser.add_argument("id", metavar="ID", type=job_id, help="the job's id")
+    add_json_and_target(parser, add_job_target, json_help="print a JSON object instead")
+    parser.set_defaults(handler=_show)
+
+
+def _add_retry(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = _add_command(
+        actions,
+        "retry",
+        help="send failed jobs back to pending now (by id, or --all-failed)",
+        description=(
+            "Send failed jobs back to pending, ready now, and wake the workers. By id: all "
+            "or nothing (an unknown id, or a job that is not failed, changes nothing)."
+        ),
+        epilog=_RETRY_EXAMPLE,
+    )
+    parser.add_argument("ids", metavar="ID", nargs="*", type=job_id, help="the jobs' ids")
+    parser.add_argument(
+        "--all-failed", action="store_true", help="every failed job (narrowed by --kind, --queue)"
+    )
+    parser.add_argument("--kind", metavar="K", help="with --all-failed: only this kind")
+    parser.add_argument("--queue", metavar="Q", help="with --all-failed: only this queue")
+    parser.add_argument(
+        "--reset-attempts", action="store_true", help="start the attempts again from zero"
+    )
+    add_json_and_target(parser, add_job_target, json_help='print {"retried": [...]} instead')
+    parser.set_defaults(handler=_retry, parser=parser)
 
 
 def _not_json_constant(name: str) -> Any:
@@ -198,4 +297,90 @@ def _enqueue(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     print(_format_enqueued(result, args))
+    return 0
+
+
+_STATUSES = tuple(str(s) for s in JobStatus)
+
+
+def _check_kind(conn: Any, jobs: Table, kind: str | None) -> None:
+    if kind is not None and not kind_exists(conn, jobs, kind):
+        raise CommandError(f"unknown kind {kind!r}: no job of that kind in {jobs.fullname}")
+
+
+def _list(args: argparse.Namespace) -> int:
+    with connection(args) as conn:
+        jobs = job_table(args, conn)
+        assert jobs is not None
+        _check_kind(conn, jobs, args.kind)
+        found = list_jobs(
+            conn, jobs, statuses=args.status, kinds=args.kind, queues=args.queue, limit=args.limit
+        )
+    if args.json:
+        print(as_json(found))
+        return 0
+    if not found:
+        print("no jobs match")
+        return 0
+    rows = [
+        [
+            j.id,
+            j.queue,
+            j.kind,
+            j.status,
+            f"{j.attempts}/{j.max_attempts}",
+            moment(j.updated_at),
+            _clip(j.error_line),
+        ]
+        for j in found
+    ]
+    print(table(["id", "queue", "kind", "status", "attempts", "updated (UTC)", "error"], rows))
+    return 0
+
+
+def _clip(text: str | None, width: int = 80) -> str:
+    if not text:
+        return ""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _show(args: argparse.Namespace) -> int:
+    with connection(args) as conn:
+        jobs = job_table(args, conn)
+        assert jobs is not None
+        found = get_job(conn, jobs, args.id)
+    if found is None:
+        raise CommandError(f"no job {args.id} in {jobs.fullname}")
+    print(as_json(found) if args.json else format_record(found, long=("payload", "last_error")))
+    return 0
+
+
+def _retry(args: argparse.Namespace) -> int:
+    parser: argparse.ArgumentParser = args.parser
+    if args.ids and args.all_failed:
+        parser.error("give job ids or --all-failed, not both")
+    if not args.ids and not args.all_failed:
+        parser.error("give the ids of the jobs to retry, or --all-failed")
+    if args.ids and (args.kind or args.queue):
+        parser.error("--kind and --queue go with --all-failed, not with ids")
+    with connection(args, write=True) as conn:
+        jobs = job_table(args, conn)
+        assert jobs is not None
+        _check_kind(conn, jobs, args.kind)
+        retried = retry_failed(
+            conn,
+            jobs,
+            ids=args.ids or None,
+            kinds=args.kind,
+            queues=args.queue,
+            reset_attempts=args.reset_attempts,
+        )
+    print(
+        format_retried(
+            retried,
+            in_json=args.json,
+            nothing="no failed jobs to retry",
+            done=f"retried {len(retried)} job(s), pending now:",
+        )
+    )
     return 0

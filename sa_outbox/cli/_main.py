@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Sequence
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from .. import __version__
@@ -19,21 +21,22 @@ from ._common import (
     CommandError,
     Handler,
     _engine,
+    _whole_number,
     database_url,
     given_database_url,
 )
 from ._demo import MAX_DEMO_JOBS, format_report, run_demo
 from ._jobs import _add_jobs
 from ._maintenance import _add_health, _add_partitions, _add_prune
+from ._outbox import _add_outbox
 from ._relay import _add_relay
+from ._status import _add_queues, _add_status
+from ._targets import Preset
 from ._worker import _add_worker
 
 
 def _job_count(value: str) -> int:
-    try:
-        jobs = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    jobs = _whole_number(value)
     if not 1 <= jobs <= MAX_DEMO_JOBS:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_DEMO_JOBS:,}, got {jobs}")
     return jobs
@@ -101,6 +104,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_commands(
+    parser: argparse.ArgumentParser,
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    return parser.add_subparsers(dest="command", metavar="COMMAND", required=True, title="commands")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sa-outbox``, with one subparser per command.
 
@@ -118,9 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, title="commands"
-    )
+    commands = _add_commands(parser)
     _add_demo(commands)
     _add_worker(commands)
     _add_relay(commands)
@@ -128,7 +135,55 @@ def build_parser() -> argparse.ArgumentParser:
     _add_health(commands)
     _add_partitions(commands)
     _add_jobs(commands)
+    _add_status(commands)
+    _add_queues(commands)
+    _add_outbox(commands)
     return parser
+
+
+def build_admin_parser(prog: str) -> argparse.ArgumentParser:
+    """A parser of the commands that see and steer a queue (``status``, ``queues``,
+    ``jobs``, ``outbox``) under another program's name, for `run_admin`.
+
+    Example:
+        >>> build_admin_parser("flask").parse_args(["jobs", "list", "--status", "failed"]).status
+        'failed'
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog, description="See and steer the job queue and the outbox (sa-outbox)."
+    )
+    commands = _add_commands(parser)
+    _add_status(commands)
+    _add_queues(commands)
+    _add_jobs(commands)
+    _add_outbox(commands)
+    return parser
+
+
+def run_admin(
+    argv: Sequence[str],
+    *,
+    engine: Engine | None = None,
+    jobs: object | None = None,
+    outbox: object | None = None,
+    prog: str = "sa-outbox",
+) -> int:
+    """Run ``status``, ``queues``, ``jobs …`` or ``outbox …`` inside an application that
+    already has its engine and models (a Flask command group, a management script).
+
+    ``jobs`` and ``outbox`` are the default models (``--model`` and ``--outbox-model``
+    still win); ``engine`` is used unless ``--database-url`` is given. Returns the exit
+    status, as `main` does.
+
+    Example:
+        @app.cli.command("status", context_settings={"ignore_unknown_options": True})
+        @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+        def status(argv):
+            raise SystemExit(run_admin(["status", *argv], engine=db.engine, jobs=Job))
+    """
+    args = build_admin_parser(prog).parse_args(list(argv))
+    args.preset = Preset(engine=engine, jobs=jobs, outbox=outbox)
+    return _run(args, f"{prog} {args.command}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,12 +196,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         1
     """
     args = build_parser().parse_args(argv)
+    return _run(args, f"sa-outbox {args.command}")
+
+
+def _run(args: argparse.Namespace, name: str) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
     except SaOutboxError as exc:
-        print(f"sa-outbox {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"sa-outbox {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. | head: the reader has seen enough
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 0

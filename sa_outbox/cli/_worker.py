@@ -13,7 +13,9 @@ from .._connect_args import connect_args
 from .._exceptions import InvalidArgument
 from .._loading import load_instance
 from .._pooler import prepare_nothing_behind_a_pooler
+from ..statements import WORKER_APPLICATION_PREFIX
 from ..worker import AsyncWorker, JobApp, Supervisor, Worker
+from ..worker._settings import default_worker_id
 from ._common import (
     CommandError,
     _add_database_url,
@@ -169,11 +171,14 @@ def _worker(args: argparse.Namespace) -> int:
             log_level=args.log_level,
         )
         return supervisor.run()
+    # The worker names its connections, so that ``sa-outbox status`` lists it as connected.
+    worker_id = options["worker_id"] = args.worker_id or default_worker_id()
+    name = f"{WORKER_APPLICATION_PREFIX}{worker_id}"
     try:
         if any(app[kind].is_async for kind in app.kinds):
-            asyncio.run(_run_async(app, url, options))
+            asyncio.run(_run_async(app, url, options, name))
         else:
-            engine = _engine(url)
+            engine = _engine(url, name)
             try:
                 Worker(app, engine, **options).run()
             finally:
@@ -185,8 +190,11 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_async(app: JobApp, url: URL, options: dict[str, object]) -> None:
-    engine = create_async_engine(url, connect_args=connect_args())
+async def _run_async(app: JobApp, url: URL, options: dict[str, object], name: str) -> None:
+    args = connect_args()
+    if "application_name" not in url.query:  # the URL's own name wins
+        args["application_name"] = name
+    engine = create_async_engine(url, connect_args=args)
     prepare_nothing_behind_a_pooler(engine.sync_engine)
     try:
         await AsyncWorker(app, engine, **options).run()  # type: ignore[arg-type]

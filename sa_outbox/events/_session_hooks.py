@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING, Any, overload
 
-from sqlalchemy import Connection, Executable, event, inspect
+from sqlalchemy import Connection, Engine, Executable, event, inspect
 from sqlalchemy.orm import Session, UOWTransaction, scoped_session, sessionmaker
 
 from .._exceptions import InvalidArgument, InvalidArgumentType, SaOutboxError
@@ -35,6 +35,8 @@ from ._rows import event_row
 
 if TYPE_CHECKING:
     import datetime as dt
+
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
     from ..queue._executors import AsyncConn
 
@@ -256,7 +258,7 @@ def _subclasses(cls: type) -> Iterator[type]:
 
 @overload
 def enqueue(
-    session: Session | Connection,
+    session: Session | Connection | Engine,
     kind: str,
     payload: Any,
     *,
@@ -272,7 +274,7 @@ def enqueue(
 
 @overload
 def enqueue(
-    session: AsyncConn,
+    session: AsyncConn | AsyncEngine,
     kind: str,
     payload: Any,
     *,
@@ -304,6 +306,8 @@ def enqueue(
     A taken deduplication key is not an error (``ON CONFLICT DO NOTHING``): the user's
     transaction goes on, and the result says ``inserted=False``. The job model is ``model``,
     else the one given to `install`, else the only `JobMixin` model the application maps.
+    Given an `Engine` (``AsyncEngine``) instead, the job is one autocommit ``INSERT`` of its
+    own, committed when this returns (`JobQueue.enqueue`).
 
     Example:
         with Session(engine) as session, session.begin():
@@ -321,6 +325,7 @@ def enqueue(
         "max_attempts": max_attempts,
         "deduplication_key": deduplication_key,
     }
-    if hasattr(session, "sync_session") or hasattr(session, "sync_connection"):
+    # AsyncSession has a sync_session; AsyncConnection and AsyncEngine have a sync_engine.
+    if hasattr(session, "sync_session") or hasattr(session, "sync_engine"):
         return async_queue.enqueue(session, kind, payload, **options)
     return sync_queue.enqueue(session, kind, payload, **options)

@@ -7,7 +7,9 @@ the runtimes (worker, relay, maintenance) nor the integrations, which build on t
   sync or an asyncio runner (`SyncConn` / `AsyncConn`: a Connection, Session, Engine or
   their asyncio twins);
 - ``_job_queue``: `JobQueue` / `AsyncJobQueue`; ``_outbox``: `Outbox` / `AsyncOutbox`;
-- ``_copy``: bulk enqueue through ``COPY``; ``_results``: the typed result records.
+- ``_copy``: bulk enqueue through ``COPY``; ``_results``: the typed result records;
+- ``_inspect``: `queue_status`, listings of jobs and events, `queue_depths`, and the
+  retries by hand (`retry_failed`, `retry_parked`) the CLI and a dashboard share.
 
 Example:
     >>> from sqlalchemy.orm import DeclarativeBase
@@ -18,6 +20,27 @@ Example:
     JobQueue('jobs')
 """
 
+from ._inspect import (
+    ConnectedWorker,
+    EventRow,
+    JobCount,
+    JobRow,
+    JobsStatus,
+    OutboxStatus,
+    QueueDepth,
+    QueueStatus,
+    WorkerJobs,
+    as_plain,
+    get_event,
+    get_job,
+    kind_exists,
+    list_events,
+    list_jobs,
+    queue_depths,
+    queue_status,
+    retry_failed,
+    retry_parked,
+)
 from ._job_queue import AsyncJobQueue, JobQueue
 from ._outbox import AsyncOutbox, Outbox
 from ._results import (
@@ -39,11 +62,30 @@ __all__ = [
     "CancelResult",
     "ClaimedEvent",
     "ClaimedJob",
+    "ConnectedWorker",
     "EnqueueResult",
+    "EventRow",
+    "JobCount",
     "JobQueue",
+    "JobRow",
+    "JobsStatus",
     "Outbox",
+    "OutboxStatus",
     "ParkedEvent",
+    "QueueDepth",
+    "QueueStatus",
     "ReclaimedJob",
     "RejectedEvent",
     "RetryResult",
+    "WorkerJobs",
+    "as_plain",
+    "get_event",
+    "get_job",
+    "kind_exists",
+    "list_events",
+    "list_jobs",
+    "queue_depths",
+    "queue_status",
+    "retry_failed",
+    "retry_parked",
 ]

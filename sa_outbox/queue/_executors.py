@@ -3,17 +3,19 @@
 Each operation is written once, as a generator that yields statements and receives their
 results (the sans-I/O style of psycopg 3); `_drive` runs it on a sync Connection/Session and
 `_adrive` on an AsyncConnection/AsyncSession. The public classes are thin wrappers that give
-each operation its typed signature. None of them commits: the caller owns the transaction.
+each operation its typed signature. None of them commits: the caller owns the transaction
+(`_drive_autocommit` excepted: given an Engine, `JobQueue.enqueue` is one autocommit INSERT).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import uuid
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard, TypeVar, cast
 
-from sqlalchemy import Connection, Executable
+from sqlalchemy import Connection, Engine, Executable
 from sqlalchemy.orm import Session
 
 from .. import statements as st
@@ -45,37 +47,69 @@ _NOT_INSERTED = EnqueueResult(id=None, inserted=False)
 Step: TypeAlias = Executable | tuple[Executable, dict[str, Any]]
 # An operation yields statements and is sent back each statement's (buffered) Result.
 Op = Generator[Step, Any, T]
+# A statement, its values, and the ``bind_arguments`` a Session needs to find its engine (a
+# statement as text names no table, see `_JobOps._enqueue_step`); only `_drive` and
+# `_adrive` run those.
+BoundStep: TypeAlias = tuple[Executable, dict[str, Any], dict[str, Any]]
+BoundOp = Generator[Step | BoundStep, Any, T]
 SyncConn: TypeAlias = Connection | Session
 
 if TYPE_CHECKING:
     # sqlalchemy.ext.asyncio needs greenlet, an optional extra: import it only for typing.
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
     AsyncConn: TypeAlias = AsyncConnection | AsyncSession
 
 
-def _drive(conn: SyncConn, op: Op[T]) -> T:
+def _drive(conn: SyncConn, op: BoundOp[T]) -> T:
     try:
         step = next(op)
         while True:
-            if isinstance(step, tuple):
-                step = op.send(conn.execute(step[0], step[1]))
-            else:
+            if not isinstance(step, tuple):
                 step = op.send(conn.execute(step))
+            elif len(step) == 3 and isinstance(conn, Session):
+                step = op.send(conn.execute(step[0], step[1], bind_arguments=step[2]))
+            else:
+                step = op.send(conn.execute(step[0], step[1]))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def _adrive(conn: AsyncConn, op: Op[T]) -> T:
+async def _adrive(conn: AsyncConn, op: BoundOp[T]) -> T:
     try:
         step = next(op)
         while True:
-            if isinstance(step, tuple):
-                step = op.send(await conn.execute(step[0], step[1]))
-            else:
+            if not isinstance(step, tuple):
                 step = op.send(await conn.execute(step))
+            elif len(step) == 3 and hasattr(conn, "sync_session"):
+                session = cast("AsyncSession", conn)
+                step = op.send(await session.execute(step[0], step[1], bind_arguments=step[2]))
+            else:
+                step = op.send(await conn.execute(step[0], step[1]))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+def is_async_engine(value: object) -> TypeGuard[AsyncEngine]:
+    """Whether ``value`` is an `AsyncEngine` (without importing sqlalchemy.ext.asyncio, which
+    needs greenlet: if it was never imported, nothing is one)."""
+    aio = sys.modules.get("sqlalchemy.ext.asyncio")
+    return aio is not None and isinstance(value, aio.AsyncEngine)
+
+
+def _drive_autocommit(engine: Engine, op: BoundOp[T]) -> T:
+    """Run ``op`` on a connection of ``engine`` in autocommit: each statement commits itself
+    (one round trip each, no BEGIN or COMMIT of their own)."""
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        return _drive(conn, op)
+
+
+async def _adrive_autocommit(engine: AsyncEngine, op: BoundOp[T]) -> T:
+    """`_drive_autocommit` for an `AsyncEngine`."""
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        return await _adrive(conn, op)
 
 
 def _claim_order(job: ClaimedJob) -> tuple[int, dt.datetime, uuid.UUID]:
@@ -137,22 +171,34 @@ class _JobOps:
         self.clock = clock
         self.backoff = backoff or st.DEFAULT_BACKOFF
         self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
+        self._enqueue: tuple[Executable, dict[str, Any] | None] | None = None
         self._claims: dict[tuple[Any, ...], Executable] = {}
         self._completion: Executable | None = None
         self._complete_claims: dict[tuple[Any, ...], Executable] = {}
 
-    def enqueue(self, kind: str, payload: Any, options: dict[str, Any]) -> Op[EnqueueResult]:
-        stmt = st.enqueue_job(
-            self.table,
-            kind,
-            payload,
-            clock=self.clock,
-            dumps=self.dumps,
-            max_payload_bytes=self.max_payload_bytes,
-            **options,
+    def enqueue(self, kind: str, payload: Any, options: dict[str, Any]) -> BoundOp[EnqueueResult]:
+        # Checked (and the payload serialised) before any SQL; then one statement built
+        # once per queue, run with these values: no statement is built or compiled per job.
+        values = st.enqueue_job_values(
+            kind, payload, dumps=self.dumps, max_payload_bytes=self.max_payload_bytes, **options
         )
-        row = (yield stmt).first()
+        row = (yield self._enqueue_step(values)).first()
         return EnqueueResult(id=row[0] if row else None, inserted=row is not None)
+
+    def _enqueue_step(self, values: dict[str, Any]) -> Step | BoundStep:
+        if self.clock is not None:  # a FakeClock's time is a bound value: built afresh
+            return st.enqueue_job_template(self.table, clock=self.clock), values
+        if self._enqueue is None:
+            core = st.enqueue_job_template(self.table)
+            if core._generate_cache_key() is None:
+                # SQLAlchemy 2.0: its INSERT … ON CONFLICT has no cache key, so it would be
+                # compiled at every execution; its text (compiled here, once) is cached. A
+                # Session finds the engine of the text's table through the Core statement.
+                self._enqueue = st.precompiled(core), {"clause": core}
+            else:
+                self._enqueue = core, None
+        stmt, bind_arguments = self._enqueue
+        return (stmt, values) if bind_arguments is None else (stmt, values, bind_arguments)
 
     def enqueue_many(self, jobs: Iterable[st.NewJob]) -> Op[list[EnqueueResult]]:
         stmt, ids = st.enqueue_jobs(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Table
+from sqlalchemy import Engine, Table
 
 from .. import statements as st
 from .._backoff import Backoff
@@ -15,7 +15,15 @@ from .._clock import Clock
 from ..schema import JobStatus
 from ..statements._common import Dumps
 from ._copy import copy_jobs_async, copy_jobs_sync
-from ._executors import SyncConn, _adrive, _drive, _JobOps
+from ._executors import (
+    SyncConn,
+    _adrive,
+    _adrive_autocommit,
+    _drive,
+    _drive_autocommit,
+    _JobOps,
+    is_async_engine,
+)
 from ._results import (
     BatchResult,
     CancelResult,
@@ -26,6 +34,8 @@ from ._results import (
 )
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from ._executors import AsyncConn
 
 Pairs = Sequence[tuple[uuid.UUID, uuid.UUID]]
@@ -65,12 +75,14 @@ class JobQueue(_Base):
 
     Every fenced write (``complete``, ``retry``, ``fail``, ``heartbeat``) raises `LeaseLost`
     when the job is no longer running under the given token, and leaves the row untouched.
+    `enqueue` also takes the `Engine` itself: then the job is one autocommit ``INSERT``.
 
     Example:
         from sa_outbox import JobQueue
         queue = JobQueue(Job)
         with engine.begin() as conn:
             queue.enqueue(conn, "send-email", {"to": "ana@example.com"})
+        queue.enqueue(engine, "send-email", {"to": "bob@example.com"})  # autocommit
         with engine.begin() as conn:
             jobs = queue.claim(conn, worker_id="w1", batch=20)
         # … run the jobs outside any transaction, then:
@@ -80,7 +92,7 @@ class JobQueue(_Base):
 
     def enqueue(
         self,
-        conn: SyncConn,
+        conn: SyncConn | Engine,
         kind: str,
         payload: Any,
         *,
@@ -93,20 +105,28 @@ class JobQueue(_Base):
     ) -> EnqueueResult:
         """Add one job; ``inserted`` is False when its deduplication key is already taken.
 
+        On a `Connection` or `Session` the job joins the caller's transaction and commits
+        with it. Given the `Engine` itself, it is one autocommit ``INSERT``: one round trip,
+        committed when this returns (for a producer with no transaction of its own).
+
         Example:
             queue.enqueue(conn, "index-book", {"book_id": 7},
                           deduplication_key="index-book:7").inserted
             # -> True
+            queue.enqueue(engine, "index-book", {"book_id": 8})  # committed already
         """
-        options = dict(
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            delay=delay,
-            max_attempts=max_attempts,
-            deduplication_key=deduplication_key,
-        )
-        return _drive(conn, self._ops.enqueue(kind, payload, options))
+        options = {
+            "queue": queue,
+            "priority": priority,
+            "run_at": run_at,
+            "delay": delay,
+            "max_attempts": max_attempts,
+            "deduplication_key": deduplication_key,
+        }
+        op = self._ops.enqueue(kind, payload, options)
+        if isinstance(conn, Engine):
+            return _drive_autocommit(conn, op)
+        return _drive(conn, op)
 
     def enqueue_many(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
         """Add many jobs in one statement; results come in input order.
@@ -336,7 +356,7 @@ class AsyncJobQueue(_Base):
 
     async def enqueue(
         self,
-        conn: AsyncConn,
+        conn: AsyncConn | AsyncEngine,
         kind: str,
         payload: Any,
         *,
@@ -347,16 +367,23 @@ class AsyncJobQueue(_Base):
         max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
     ) -> EnqueueResult:
-        """See `JobQueue.enqueue`."""
-        options = dict(
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            delay=delay,
-            max_attempts=max_attempts,
-            deduplication_key=deduplication_key,
-        )
-        return await _adrive(conn, self._ops.enqueue(kind, payload, options))
+        """See `JobQueue.enqueue`; given the `AsyncEngine`, one autocommit ``INSERT``.
+
+        Example:
+            await queue.enqueue(async_engine, "index-book", {"book_id": 8})
+        """
+        options = {
+            "queue": queue,
+            "priority": priority,
+            "run_at": run_at,
+            "delay": delay,
+            "max_attempts": max_attempts,
+            "deduplication_key": deduplication_key,
+        }
+        op = self._ops.enqueue(kind, payload, options)
+        if is_async_engine(conn):
+            return await _adrive_autocommit(conn, op)
+        return await _adrive(cast("AsyncConn", conn), op)
 
     async def enqueue_many(self, conn: AsyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
         """See `JobQueue.enqueue_many`."""

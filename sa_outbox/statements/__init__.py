@@ -2,7 +2,8 @@
 
 May import: ``sa_outbox.schema`` and the foundation modules, nothing that does I/O. Split
 by concern: ``_job_enqueue``, ``_job_claim`` (claim, heartbeat, complete), ``_job_settle``
-(retry, fail, snooze, release, reclaim, requeue, prune), ``_job_cancel``, ``_job_notify``;
+(retry, fail, snooze, release, reclaim, requeue, retry by hand, prune), ``_job_cancel``,
+``_job_notify``; ``_inspect`` (the read-only queries of status, listings and queues);
 ``_outbox_append``, ``_outbox_claim``, ``_outbox_settle``; ``_maintenance`` and
 ``_partitions`` (upkeep).
 
@@ -29,6 +30,22 @@ from .._validation import (
     MAX_NAME_LENGTH,
 )
 from ._common import DEFAULT_MAX_PAYLOAD_BYTES
+from ._inspect import (
+    WORKER_APPLICATION_PREFIX,
+    connected_workers,
+    count_jobs_by_queue_kind_status,
+    job_alarms,
+    job_kind_exists,
+    outbox_alarms,
+    queue_throughput,
+    select_event,
+    select_event_states,
+    select_events,
+    select_job,
+    select_job_statuses,
+    select_jobs,
+    workers_holding_jobs,
+)
 from ._job_cancel import (
     cancel_jobs,
     finish_cancelled_jobs,
@@ -47,7 +64,15 @@ from ._job_claim import (
     heartbeat_jobs,
 )
 from ._job_defaults import DEFAULT_BACKOFF, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
-from ._job_enqueue import NewJob, enqueue_job, enqueue_jobs
+from ._job_enqueue import (
+    ENQUEUE_PARAMETERS,
+    NewJob,
+    enqueue_job,
+    enqueue_job_template,
+    enqueue_job_values,
+    enqueue_jobs,
+    precompiled,
+)
 from ._job_notify import job_notify_channel_of, listen_sql, notify_jobs, parse_notify_payload
 from ._job_settle import (
     count_jobs_by_status,
@@ -56,6 +81,7 @@ from ._job_settle import (
     reclaim_expired_jobs,
     release_jobs,
     requeue_failed_jobs,
+    retry_failed_jobs,
     retry_job,
     snooze_job,
 )
@@ -119,12 +145,14 @@ __all__ = [
     "DEFAULT_QUEUE",
     "DEFAULT_RELAY_BACKOFF",
     "DEFAULT_RELAY_LEASE",
+    "ENQUEUE_PARAMETERS",
     "MAX_AGGREGATE_ID_LENGTH",
     "MAX_DEDUPLICATION_KEY_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_PAYLOAD_DEPTH",
     "PARTITION_LOCK_PREFIX",
     "PRUNE_LOCK_PREFIX",
+    "WORKER_APPLICATION_PREFIX",
     "NewEvent",
     "NewJob",
     "append_event",
@@ -138,14 +166,18 @@ __all__ = [
     "complete_and_claim_jobs",
     "complete_job",
     "complete_jobs",
+    "connected_workers",
     "count_events_by_state",
     "count_in_range",
+    "count_jobs_by_queue_kind_status",
     "count_jobs_by_status",
     "create_partition",
     "create_table_like",
     "detach_partition",
     "drop_partition",
     "enqueue_job",
+    "enqueue_job_template",
+    "enqueue_job_values",
     "enqueue_jobs",
     "fail_job",
     "finish_cancelled_jobs",
@@ -153,6 +185,8 @@ __all__ = [
     "heartbeat_job",
     "heartbeat_jobs",
     "held_cancelled_jobs",
+    "job_alarms",
+    "job_kind_exists",
     "job_notify_channel_of",
     "job_statuses",
     "list_partitions",
@@ -164,23 +198,33 @@ __all__ = [
     "notify_jobs",
     "notify_relays",
     "oldest_ready_pending_age",
+    "outbox_alarms",
     "outbox_notify_channel_of",
     "parse_notify_payload",
     "partition_lock",
     "partition_unlock",
     "partitions_in_schema",
+    "precompiled",
     "prune_events",
     "prune_jobs",
     "prune_lock",
+    "queue_throughput",
     "reclaim_expired_jobs",
     "reject_events",
     "release_events",
     "release_jobs",
     "requeue_failed_jobs",
     "requeue_parked_events",
+    "retry_failed_jobs",
     "retry_job",
     "select_aggregate_heads",
     "select_claim_candidates",
+    "select_event",
+    "select_event_states",
+    "select_events",
+    "select_job",
+    "select_job_statuses",
+    "select_jobs",
     "select_now",
     "select_parked_events",
     "set_lock_timeout",
@@ -189,5 +233,6 @@ __all__ = [
     "table_stats",
     "vacuum_candidates",
     "vacuum_table",
+    "workers_holding_jobs",
     "xmin_holders",
 ]

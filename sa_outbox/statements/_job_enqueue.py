@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import re
 import uuid
 from collections.abc import Iterable
 from typing import Any, TypeGuard
@@ -22,9 +23,13 @@ from sqlalchemy import (
     literal,
     literal_column,
     select,
+    text,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
+from sqlalchemy.engine.interfaces import BindTyping
 from sqlalchemy.sql.dml import ReturningInsert
+from sqlalchemy.sql.selectable import TextualSelect
 
 from .._clock import Clock
 from .._exceptions import InvalidArgument
@@ -211,6 +216,164 @@ def enqueue_job(
         updated_at=now,
     )
     return _on_conflict_skip(stmt, t).returning(t.c.id)
+
+
+#: The bind parameters of `enqueue_job_template`, in the order of its columns.
+ENQUEUE_PARAMETERS = (
+    "job_id",
+    "job_queue",
+    "job_kind",
+    "job_payload",
+    "job_priority",
+    "job_run_at",
+    "job_delay",
+    "job_max_attempts",
+    "job_deduplication_key",
+)
+_ZERO = dt.timedelta()
+
+
+def enqueue_job_template(target: object, *, clock: Clock | None = None) -> ReturningInsert[Any]:
+    """`enqueue_job`'s statement with every value of a job a named bind parameter.
+
+    One shape serves every job: build it once, then run it with the values
+    `enqueue_job_values` checks and returns, so SQLAlchemy's compiled cache is hit and no
+    statement is built per job. ``run_at`` is ``coalesce(:job_run_at, now + :job_delay)``.
+
+    Example:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> stmt = enqueue_job_template(Job)
+        >>> values = enqueue_job_values("send-email", {"to": "ana@example.com"})
+        >>> sorted(values) == sorted(ENQUEUE_PARAMETERS)
+        True
+        >>> # with engine.begin() as conn: conn.execute(stmt, values).first()
+    """
+    t = table_of(target)
+    now = now_of(clock)
+    c = t.c
+    timestamp, delay = DateTime(timezone=True), Interval()
+    run_at = func.coalesce(
+        bindparam("job_run_at", type_=timestamp),
+        now + cast(bindparam("job_delay", type_=delay), delay),
+    )
+    stmt = insert(t).values(
+        id=bindparam("job_id", type_=c.id.type),
+        queue=bindparam("job_queue", type_=c.queue.type),
+        kind=bindparam("job_kind", type_=c.kind.type),
+        payload=cast(bindparam("job_payload", type_=Text()), JSONB),
+        status=JobStatus.PENDING,
+        priority=bindparam("job_priority", type_=c.priority.type),
+        run_at=run_at,
+        max_attempts=bindparam("job_max_attempts", type_=c.max_attempts.type),
+        deduplication_key=bindparam("job_deduplication_key", type_=c.deduplication_key.type),
+        created_at=now,
+        updated_at=now,
+    )
+    return _on_conflict_skip(stmt, t).returning(t.c.id)
+
+
+def precompiled(stmt: ReturningInsert[Any]) -> TextualSelect:
+    """``stmt`` as the PostgreSQL text it compiles to, with the same bind parameters (typed,
+    constants kept) and RETURNING columns: a statement SQLAlchemy's compiled cache keeps.
+
+    For SQLAlchemy 2.0, whose ``INSERT … ON CONFLICT`` has no cache key (2.1 caches it), so
+    that a statement built once is not compiled again at every execution. The text names
+    its table as compiled: a ``schema_translate_map`` no longer applies to it.
+
+    Example:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> stmt = precompiled(enqueue_job_template(Job))
+        >>> stmt._generate_cache_key() is not None
+        True
+    """
+    dialect = postgresql.dialect(paramstyle="named")  # type: ignore[no-untyped-call]
+    # No ``:name::TYPE`` casts in the text (text() would not see such a name as a parameter):
+    # the dialect that runs it renders its own.
+    dialect.bind_typing = BindTyping.NONE
+    compiled = stmt.compile(dialect=dialect)
+    names = compiled.bind_names
+    binds = [
+        bindparam(name, param.value, type_=param.type, unique=False)
+        if param.value is not None
+        else bindparam(name, type_=param.type)
+        for param, name in names.items()
+    ]
+    # Any other colon (in a quoted name, say) is escaped, so text() reads only these names.
+    known = "|".join(re.escape(name) for name in names.values())
+    sql = re.sub(rf":(?!(?:{known})(?!\w))", r"\\:", compiled.string)
+    columns = [column for column in stmt.exported_columns]
+    return text(sql).bindparams(*binds).columns(*columns)
+
+
+def enqueue_job_values(
+    kind: str,
+    payload: Any,
+    *,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    run_at: dt.datetime | None = None,
+    delay: dt.timedelta | float | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    deduplication_key: str | None = None,
+    dumps: Dumps = compact_json,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> dict[str, Any]:
+    """The values of `enqueue_job_template`'s parameters for one job, checked as
+    `enqueue_job` checks them (bad input raises here, before any SQL), with a new id.
+
+    Example:
+        >>> values = enqueue_job_values("index-book", {"book_id": 1}, delay=30)
+        >>> values["job_payload"], values["job_delay"]
+        ('{"book_id":1}', datetime.timedelta(seconds=30))
+    """
+    if (  # the usual job, accepted by identity and type tests alone (as `_plain`)
+        is_name(kind)
+        and is_name(queue)
+        and type(priority) is int
+        and -_MAX_INT <= priority <= _MAX_INT
+        and type(max_attempts) is int
+        and 1 <= max_attempts <= _MAX_INT
+        and run_at is None
+        and delay is None
+        and (deduplication_key is None or type(deduplication_key) is str)
+    ):
+        if deduplication_key is not None:
+            deduplication_key = optional_key(
+                deduplication_key, "deduplication_key", MAX_DEDUPLICATION_KEY_LENGTH
+            )
+        return {
+            "job_id": uuid7(),
+            "job_queue": queue,
+            "job_kind": kind,
+            "job_payload": serialise(payload, f"job kind {kind!r}", dumps, max_payload_bytes),
+            "job_priority": priority,
+            "job_run_at": None,
+            "job_delay": _ZERO,
+            "job_max_attempts": max_attempts,
+            "job_deduplication_key": deduplication_key,
+        }
+    job = _check(
+        NewJob(kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key),
+        dumps,
+        max_payload_bytes,
+    )
+    return {
+        "job_id": job.id,
+        "job_queue": job.queue,
+        "job_kind": job.kind,
+        "job_payload": job.payload,
+        "job_priority": job.priority,
+        "job_run_at": job.run_at,
+        "job_delay": _ZERO if job.delay is None else job.delay,
+        "job_max_attempts": job.max_attempts,
+        "job_deduplication_key": job.deduplication_key,
+    }
 
 
 def enqueue_jobs(

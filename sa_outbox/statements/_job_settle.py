@@ -350,6 +350,56 @@ def requeue_failed_jobs(
     return stmt.values(**values).returning(t.c.id)
 
 
+def retry_failed_jobs(
+    target: object,
+    *,
+    ids: Sequence[object] | None = None,
+    kinds: str | Sequence[str] | None = None,
+    queues: str | Sequence[str] | None = None,
+    clock: Clock | None = None,
+) -> Update:
+    """Retry ``failed`` jobs by hand, as River's ``JobRetry`` and Oban's ``retry_job`` do.
+
+    Each job goes back to ``pending`` with ``run_at = now``; ``attempts`` is kept (the
+    history stays true, and the next failure backs off from where it was) and
+    ``max_attempts`` is raised to ``attempts + 1`` when it was reached, so an exhausted job
+    gets exactly one more attempt and one that failed early (a permanent error) gets the
+    attempts it had left. ``last_error`` is kept until the next attempt. Fenced by
+    ``status = 'failed'``: a pending, running or finished job is never touched. Filters
+    combine with AND (none: every failed job). For a fresh start with all attempts, see
+    `requeue_failed_jobs`. Returns ``id, queue`` of the jobs retried.
+
+    Example:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> sql = str(retry_failed_jobs(Job, kinds="send-email"))
+        >>> "max_attempts=greatest(jobs.max_attempts, jobs.attempts + :attempts_1)" in sql
+        True
+    """
+    kind_names = name_filter(kinds, "kinds")
+    queue_names = name_filter(queues, "queues")
+    t = table_of(target)
+    now = now_of(clock)
+    stmt = update(t).where(t.c.status == JobStatus.FAILED)
+    if ids is not None:
+        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+            raise InvalidArgument("ids must be a sequence of job ids")
+        stmt = stmt.where(t.c.id == func.any(uuid_array([as_uuid(i, "job id") for i in ids])))
+    if kind_names is not None:
+        stmt = stmt.where(in_names(t.c.kind, kind_names))
+    if queue_names is not None:
+        stmt = stmt.where(in_names(t.c.queue, queue_names))
+    return stmt.values(
+        status=JobStatus.PENDING,
+        run_at=now,
+        max_attempts=func.greatest(t.c.max_attempts, t.c.attempts + 1),
+        updated_at=now,
+        **_RELEASED,
+    ).returning(t.c.id, t.c.queue)
+
+
 def prune_jobs(
     target: object,
     *,

@@ -4,7 +4,8 @@ May import: ``sa_outbox.maintenance``, ``sa_outbox.queue``, ``sa_outbox.statemen
 ``sa_outbox.schema`` and the foundation modules; not the relay (its sibling), the publishers
 or the CLI. Inside: ``_core`` (the sans-I/O state machine), ``_driver`` (what both drivers
 share), ``sync`` / ``aio`` (the drivers), ``_direct`` (the loop's held connection),
-``listen``, ``reclaimer``, ``registry`` (`JobApp`), ``context`` (`JobContext`).
+``listen``, ``reclaimer``, ``registry`` (`JobApp`), ``schedule`` (periodic jobs),
+``context`` (`JobContext`).
 
 Register handlers by kind on a `JobApp`, then run a worker on it, from Python or with
 ``sa-outbox worker myapp.tasks:app``. See docs/worker.md.
@@ -36,6 +37,7 @@ from .errors import (
 from .metrics import CountingMetrics, JobOutcome, WorkerMetrics
 from .reclaimer import AsyncReclaimer, Reclaimer
 from .registry import Handler, HandlerSpec, JobApp, backoff_wait
+from .schedule import Schedule, Tick, periodic_tick
 from .supervisor import Supervisor
 from .sync import Worker
 
@@ -57,10 +59,13 @@ __all__ = [
     "JobTimeout",
     "PermanentError",
     "Reclaimer",
+    "Schedule",
     "Snooze",
     "Supervisor",
+    "Tick",
     "UnknownJobKind",
     "Worker",
     "WorkerMetrics",
     "backoff_wait",
+    "periodic_tick",
 ]

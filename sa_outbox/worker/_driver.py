@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from sqlalchemy import URL
 
-from .._clock import Clock
+from .._clock import DATABASE_CLOCK, Clock
 from .._connect_args import check_listen_url
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._sqlstate import is_configuration_error
@@ -31,6 +31,7 @@ from ._settings import Settings, jittered, log, make_settings, seconds
 from .errors import DatabaseUnreachable
 from .metrics import WorkerMetrics
 from .registry import JobApp
+from .schedule import Scheduler, Tick
 
 E = TypeVar("E")
 
@@ -41,7 +42,7 @@ ALL_KINDS: Any = "*"
 DEFAULT_STARTUP_TIMEOUT = 10.0
 
 #: The keeper's chores, in the order it runs those that are due.
-Chore = Literal["heartbeat", "reclaim", "vacuum", "prune"]
+Chore = Literal["heartbeat", "reclaim", "vacuum", "prune", "schedule"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,9 +99,9 @@ class KeeperPlan:
         self.next_beat = now + settings.heartbeat_interval
         self.next_reclaim = now + (settings.reclaim_interval or 0.0) / 4
 
-    def due(self, now: float, *, vacuum: bool, prune: bool) -> list[Chore]:
-        """The chores to run now, in order; ``vacuum`` and ``prune`` say whether those are
-        due by their own schedules."""
+    def due(self, now: float, *, vacuum: bool, prune: bool, schedule: bool = False) -> list[Chore]:
+        """The chores to run now, in order; ``vacuum``, ``prune`` and ``schedule`` (periodic
+        jobs) say whether those are due by their own schedules."""
         chores: list[Chore] = []
         if now >= self.next_beat:
             chores.append("heartbeat")
@@ -110,6 +111,8 @@ class KeeperPlan:
             chores.append("vacuum")
         if prune:
             chores.append("prune")
+        if schedule:
+            chores.append("schedule")
         return chores
 
     def done(self, chore: Chore, now: float, *, ok: bool) -> None:
@@ -168,6 +171,7 @@ class DriverBase(abc.ABC, Generic[E]):
         max_error_chars: int = 4000,
         startup_timeout: dt.timedelta | float = DEFAULT_STARTUP_TIMEOUT,
         listen_url: str | URL | None = None,
+        schedules: bool = True,
     ) -> None:
         if not isinstance(app, JobApp):
             raise InvalidArgumentType(f"{self.name} needs a JobApp, got {type(app).__name__}")
@@ -225,6 +229,13 @@ class DriverBase(abc.ABC, Generic[E]):
         self._startup_timeout = seconds(startup_timeout, "startup_timeout", allow_zero=True)
         self._setup(clock=clock, metrics=metrics, retention=retention, vacuum=vacuum)
         self._next_prune = None if retention is None else timer() + self._prune_wait(retention)
+        if not isinstance(schedules, bool):
+            raise InvalidArgumentType(f"schedules must be a bool, got {type(schedules).__name__}")
+        #: Enqueues the app's periodic jobs (``None``: it has none, or ``schedules=False``).
+        self.scheduler = Scheduler(app.schedules) if schedules and app.schedules else None
+        self._schedule_ops = ops
+        self._clock = clock or DATABASE_CLOCK
+        self._next_schedule = None if self.scheduler is None else timer()
 
     @abc.abstractmethod
     def _check(self, app: JobApp, engine: E) -> None:
@@ -398,9 +409,29 @@ class DriverBase(abc.ABC, Generic[E]):
         due = plan.wake_at()
         if self._next_prune is not None:
             due = min(due, self._next_prune)
+        if self._next_schedule is not None:
+            due = min(due, self._next_schedule)
         if vacuum_interval is not None:
             due = min(due, self.timer() + vacuum_interval)
         return max(0.0, due - self.timer())
+
+    def _schedule_is_due(self) -> bool:
+        """Whether the scheduler's next look is due; if so, a retry is set for a second
+        later, which `_scheduled` moves to the next tick once the look succeeded."""
+        if self._next_schedule is None or self.timer() < self._next_schedule:
+            return False
+        self._next_schedule = self.timer() + 1.0
+        return True
+
+    def _scheduled(self, now: dt.datetime, ticks: list[Tick]) -> list[Tick]:
+        """The ticks due at ``now`` were committed: the next look is at the next tick."""
+        assert self.scheduler is not None
+        self.scheduler.done(now)
+        self._next_schedule = self.timer() + self.scheduler.wait(now)
+        for tick in ticks:
+            if tick.inserted:
+                log.info("enqueued %s for the tick %s of %s", tick.kind, tick.at, tick.schedule)
+        return ticks
 
     @staticmethod
     def _prune_wait(retention: Retention) -> float:

@@ -38,6 +38,7 @@ from .listen import AsyncListener
 from .metrics import WorkerMetrics
 from .reclaimer import AsyncReclaimer
 from .registry import JobApp
+from .schedule import Tick
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -379,12 +380,18 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             "reclaim": self.reclaim,
             "vacuum": self.vacuum,
             "prune": self.prune_due,
+            "schedule": self.run_schedules,
         }
         vacuum_interval = None if self.vacuumer is None else self.vacuumer.policy.interval_seconds
         while not self._keeper_stop.is_set():
             now = self.timer()
             vacuum = self.vacuumer is not None and self.vacuumer.due()
-            for chore in plan.due(now, vacuum=vacuum, prune=self._next_prune is not None):
+            for chore in plan.due(
+                now,
+                vacuum=vacuum,
+                prune=self._next_prune is not None,
+                schedule=self._schedule_is_due(),
+            ):
                 try:
                     await chores[chore]()
                 except Exception as exc:
@@ -585,6 +592,14 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         report = await self.vacuumer.run_once()
         self._log_vacuumed(report)
         return report
+
+    async def run_schedules(self) -> list[Tick]:
+        """See `Worker.run_schedules`."""
+        if self.scheduler is None:
+            return []
+        async with self.engine.begin() as conn:
+            now, ticks = await _adrive(conn, self.scheduler.run_op(self._schedule_ops, self._clock))
+        return self._scheduled(now, ticks)
 
     async def reclaim(self) -> list[ReclaimedJob]:
         """See `Worker.reclaim`."""

@@ -32,8 +32,9 @@ from .._backoff import Backoff
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import duration, text
 from ..schema import resolve_table
-from ..statements import DEFAULT_BACKOFF
+from ..statements import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from .context import JobContext
+from .schedule import Missed, Schedule
 
 __all__ = ["Handler", "HandlerSpec", "JobApp", "backoff_wait"]
 
@@ -167,6 +168,10 @@ class JobApp:
     The app's ``backoff`` is also what the reclaimer applies (in SQL) to jobs whose lease
     expired. ``sa-outbox worker myapp.tasks:app`` loads a `JobApp` by that path.
 
+    Periodic jobs: `periodic` (a decorator: the handler and its schedule) or `schedule` (the
+    schedule alone) enqueue a job of a kind at every tick of a cron expression or interval;
+    `schedules` lists them. See docs/worker.md, "Periodic jobs".
+
     Example:
         app = JobApp(Job, backoff=Backoff(base=1, max=300, jitter=1))
 
@@ -188,6 +193,7 @@ class JobApp:
             raise InvalidArgumentType(f"backoff must be a Backoff, got {type(backoff).__name__}")
         self.backoff: Backoff = backoff or DEFAULT_BACKOFF
         self._specs: dict[str, HandlerSpec] = {}
+        self._schedules: dict[str, Schedule] = {}
         if handlers is not None:
             if not isinstance(handlers, Mapping):
                 raise InvalidArgumentType(
@@ -259,6 +265,119 @@ class JobApp:
 
         return decorate
 
+    # -- periodic jobs -------------------------------------------------------------------
+
+    @property
+    def schedules(self) -> tuple[Schedule, ...]:
+        """The schedules of periodic jobs, in registration order; each says its
+        ``next_tick(now)``."""
+        return tuple(self._schedules.values())
+
+    def schedule(
+        self,
+        cron: str | None = None,
+        *,
+        kind: str,
+        every: dt.timedelta | float | None = None,
+        name: str | None = None,
+        tz: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        payload: Any = None,
+        priority: int = 0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        missed: Missed = "skip",
+        backfill: int | None = None,
+    ) -> Schedule:
+        """Enqueue a job of ``kind`` at every tick of ``cron`` (in ``tz``, UTC by default;
+        needs ``pip install "sa-outbox[cron]"``) or ``every`` interval; the kind's handler is
+        registered on its own (or by another app). ``name`` (default: the kind) must be unique
+        in the app: it makes the ticks' deduplication keys. See `Schedule` for ``missed`` and
+        ``backfill``; the job gets ``queue``, ``payload``, ``priority``, ``max_attempts``,
+        and ``run_at`` = the tick.
+
+        Example:
+            app.schedule("0 3 * * *", kind="cleanup", tz="Europe/Lisbon")
+        """
+        schedule = Schedule.build(
+            kind,
+            cron,
+            every=every,
+            name=name,
+            tz=tz,
+            queue=queue,
+            payload=payload,
+            priority=priority,
+            max_attempts=max_attempts,
+            missed=missed,
+            backfill=backfill,
+        )
+        self._add_schedule(schedule)
+        return schedule
+
+    def _add_schedule(self, schedule: Schedule) -> None:
+        if schedule.name in self._schedules:
+            raise InvalidArgument(
+                f"a schedule named {schedule.name!r} already exists: give the second one "
+                "another name= (two schedules of one kind need names of their own)"
+            )
+        self._schedules[schedule.name] = schedule
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        kind: str,
+        every: dt.timedelta | float | None = None,
+        name: str | None = None,
+        tz: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        payload: Any = None,
+        priority: int = 0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        missed: Missed = "skip",
+        backfill: int | None = None,
+        timeout: dt.timedelta | float | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator: the function is the handler of ``kind`` (with ``timeout``), and a job
+        of that kind is enqueued at every tick (the options of `schedule`). Placed above
+        ``@app.handler(kind, ...)`` on the same function, it adds only the schedule, so the
+        handler keeps all of `handler`'s options. Bad input raises here, at registration.
+
+        Example:
+            @app.periodic("*/5 * * * *", kind="report", tz="Europe/Lisbon")
+            def report(job: JobContext) -> None: ...
+        """
+        schedule = Schedule.build(
+            kind,
+            cron,
+            every=every,
+            name=name,
+            tz=tz,
+            queue=queue,
+            payload=payload,
+            priority=priority,
+            max_attempts=max_attempts,
+            missed=missed,
+            backfill=backfill,
+        )
+
+        def decorate(function: F) -> F:
+            spec = self._specs.get(schedule.kind)
+            stacked = spec is not None and spec.function is function
+            if stacked and timeout is not None:
+                raise InvalidArgument(
+                    f"kind {schedule.kind!r}: give timeout= to @app.handler, not to "
+                    "@app.periodic, when both decorate the handler"
+                )
+            if schedule.name in self._schedules:
+                self._add_schedule(schedule)  # raises, before the handler is registered
+            if not stacked:
+                self.register(schedule.kind, function, timeout=timeout)
+            self._add_schedule(schedule)
+            return function
+
+        return decorate
+
     def get(self, kind: str) -> HandlerSpec | None:
         """The spec registered for ``kind``, or ``None``."""
         return self._specs.get(kind)
@@ -276,4 +395,7 @@ class JobApp:
         return len(self._specs)
 
     def __repr__(self) -> str:
-        return f"JobApp({self._table.fullname!r}, kinds={list(self._specs)!r})"
+        shown = f"JobApp({self._table.fullname!r}, kinds={list(self._specs)!r}"
+        if self._schedules:
+            shown += f", schedules={list(self._schedules)!r}"
+        return shown + ")"

@@ -35,6 +35,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from .._connect_args import connect_args
@@ -42,6 +43,7 @@ from .._exceptions import InvalidArgument
 from .._loading import load_instance
 from .._pooler import prepare_nothing_behind_a_pooler
 from .._validation import count
+from ..statements import WORKER_APPLICATION_PREFIX
 from ._settings import default_worker_id
 from .aio import AsyncWorker
 from .registry import JobApp
@@ -70,6 +72,15 @@ def _watch_parent(parent: int, stop: Callable[[], None]) -> None:
     stop()
 
 
+def _named(url: str, worker_id: str) -> dict[str, object]:
+    # The child names its connections, so that ``sa-outbox status`` lists it as connected,
+    # unless the URL gives a name of its own.
+    args = connect_args()
+    if "application_name" not in make_url(url).query:
+        args["application_name"] = f"{WORKER_APPLICATION_PREFIX}{worker_id}"
+    return args
+
+
 def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, parent: int) -> None:
     # The child's whole life: load the app, build its engine, run one worker until stopped.
     # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which passes
@@ -80,7 +91,7 @@ def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, p
     if any(app[kind].is_async for kind in app.kinds):
 
         async def run_async() -> None:
-            engine = create_async_engine(url, connect_args=connect_args())
+            engine = create_async_engine(url, connect_args=_named(url, worker_id))
             prepare_nothing_behind_a_pooler(engine.sync_engine)
             worker = AsyncWorker(app, engine, worker_id=worker_id, **options)
             loop = asyncio.get_running_loop()
@@ -96,7 +107,7 @@ def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, p
 
         asyncio.run(run_async())
         return
-    engine = create_engine(url, connect_args=connect_args())
+    engine = create_engine(url, connect_args=_named(url, worker_id))
     prepare_nothing_behind_a_pooler(engine)
     try:
         worker = Worker(app, engine, worker_id=worker_id, **options)

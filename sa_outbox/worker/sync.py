@@ -39,6 +39,7 @@ from .listen import Listener
 from .metrics import WorkerMetrics
 from .reclaimer import Reclaimer
 from .registry import JobApp
+from .schedule import Tick
 
 __all__ = ["Worker"]
 
@@ -58,7 +59,9 @@ class Worker(DriverBase[Engine]):
     that to a separate `Reclaimer`), prunes finished jobs every ``retention.interval`` when
     given a ``retention`` policy (`Retention`; one pruner at a time across all workers, see
     `Pruner`), vacuums its table past ``vacuum.threshold`` dead tuples (`sa_outbox.Vacuumer`,
-    checked every ``vacuum.interval``; ``None`` leaves it to autovacuum), wakes up on the
+    checked every ``vacuum.interval``; ``None`` leaves it to autovacuum), enqueues the app's
+    periodic jobs at their ticks (`JobApp.periodic`; ``schedules=False`` leaves that to the
+    other workers; each tick is enqueued once whatever the number), wakes up on the
     table's NOTIFY (``listen``; on a connection to ``listen_url`` when given, a direct one
     past a transaction pooler such as PgBouncer, see docs/pgbouncer.md) and polls
     every ``poll_interval`` anyway. Results wait up to ``ack_delay`` seconds (or until
@@ -366,12 +369,18 @@ class Worker(DriverBase[Engine]):
             "reclaim": self.reclaim,
             "vacuum": self.vacuum,
             "prune": self.prune_due,
+            "schedule": self.run_schedules,
         }
         vacuum_interval = None if self.vacuumer is None else self.vacuumer.policy.interval_seconds
         while not self._keeper_stop.is_set():
             now = self.timer()
             vacuum = self.vacuumer is not None and self.vacuumer.due()
-            for chore in plan.due(now, vacuum=vacuum, prune=self._next_prune is not None):
+            for chore in plan.due(
+                now,
+                vacuum=vacuum,
+                prune=self._next_prune is not None,
+                schedule=self._schedule_is_due(),
+            ):
                 try:
                     chores[chore]()
                 except Exception as exc:
@@ -594,6 +603,20 @@ class Worker(DriverBase[Engine]):
         report = self.vacuumer.run_once()
         self._log_vacuumed(report)
         return report
+
+    def run_schedules(self) -> list[Tick]:
+        """Enqueue the jobs of the periodic schedules' ticks that are due, by the worker's
+        clock (``now`` read in SQL, so a `FakeClock`'s); the keeper calls this at every tick.
+        Returns the ticks, each ``inserted`` unless another worker enqueued it first.
+
+        Example:
+            [tick.at for tick in worker.run_schedules() if tick.inserted]
+        """
+        if self.scheduler is None:
+            return []
+        with self.engine.begin() as conn:
+            now, ticks = _drive(conn, self.scheduler.run_op(self._schedule_ops, self._clock))
+        return self._scheduled(now, ticks)
 
     def reclaim(self) -> list[ReclaimedJob]:
         """Run the reclaimer once (every expired lease of the table, not only this worker's).

@@ -1,0 +1,159 @@
+"""How the inspection commands print: aligned tables, ages, times, JSON, rows, retries."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..queue import as_plain
+
+
+def age(value: dt.timedelta | None) -> str:
+    """A duration as an operator reads it: ``45s``, ``2m05s``, ``3h07m``, ``2d04h``.
+
+    Example:
+        >>> age(dt.timedelta(seconds=125)), age(dt.timedelta(days=2, hours=4)), age(None)
+        ('2m05s', '2d04h', '-')
+    """
+    if value is None:
+        return "-"
+    seconds = max(0, int(value.total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def moment(value: dt.datetime | None) -> str:
+    """A time in UTC to the second: ``2030-01-01 09:00:00``.
+
+    Example:
+        >>> moment(dt.datetime(2030, 1, 1, 9, 0, 0, 5, tzinfo=dt.UTC)), moment(None)
+        ('2030-01-01 09:00:00', '-')
+    """
+    if value is None:
+        return "-"
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: int = 0) -> str:
+    """Columns aligned with two spaces between; the last ``right`` columns right-aligned.
+
+    Example:
+        >>> print(table(["queue", "jobs"], [["default", 3], ["emails", 12]], right=1))
+        queue    jobs
+        default     3
+        emails     12
+    """
+    cells = [[str(h) for h in headers], *[["-" if c is None else str(c) for c in r] for r in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    first_right = len(headers) - right
+    lines = []
+    for row in cells:
+        parts = [
+            cell.rjust(w) if i >= first_right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def as_json(value: Any) -> str:
+    """A result as one line of JSON (times ISO 8601, ages in seconds, ids as text).
+
+    Example:
+        >>> as_json({"age": dt.timedelta(seconds=1.5), "at": None})
+        '{"age": 1.5, "at": null}'
+    """
+    return json.dumps(as_plain(value), default=str)
+
+
+def span(value: dt.timedelta) -> str:
+    """A window as ``1h``, ``5m``, ``1m30s``: `age` without its zero tail.
+
+    Example:
+        >>> span(dt.timedelta(hours=1)), span(dt.timedelta(seconds=90))
+        ('1h', '1m30s')
+    """
+    text = age(value)
+    for tail in ("00s", "00m", "00h"):
+        if text.endswith(tail) and len(text) > len(tail):
+            return text[: -len(tail)]
+    return text
+
+
+def format_record(found: dict[str, Any], *, long: tuple[str, ...]) -> str:
+    """A row as ``name: value`` lines, the ``long`` columns last and whole.
+
+    Example:
+        >>> print(format_record({"id": 1, "payload": {"a": 1}, "kind": "ping"}, long=("payload",)))
+        id:      1
+        kind:    ping
+        payload:
+          {
+            "a": 1
+          }
+    """
+    width = max(len(name) for name in found) + 2
+    lines = []
+    for name, value in found.items():
+        if name in long:
+            continue
+        shown = moment(value) + " UTC" if isinstance(value, dt.datetime) else value
+        lines.append(f"{name + ':':<{width}}{'-' if shown is None else shown}")
+    for name in long:
+        if name not in found:
+            continue
+        value = found[name]
+        if value is None:
+            lines.append(f"{name + ':':<{width}}-")
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, indent=2, default=str)
+        lines.append(f"{name}:")
+        lines += [f"  {line}" for line in text.splitlines()]
+    return "\n".join(lines)
+
+
+#: How many ids a retry prints before it says how many more there were.
+SHOWN_IDS = 20
+
+
+def listed_ids(ids: list[Any]) -> str:
+    """The ids a retry changed, one a line, the first `SHOWN_IDS` only.
+
+    Example:
+        >>> print(listed_ids(list(range(22))))  # doctest: +ELLIPSIS
+          0
+          1
+        ...
+          19
+          … and 2 more
+    """
+    lines = [f"  {i}" for i in ids[:SHOWN_IDS]]
+    if len(ids) > SHOWN_IDS:
+        lines.append(f"  … and {len(ids) - SHOWN_IDS} more")
+    return "\n".join(lines)
+
+
+def format_retried(retried: list[Any], *, in_json: bool, nothing: str, done: str) -> str:
+    """What a retry prints: ``{"retried": [...]}`` with ``in_json``, else ``nothing`` when
+    none changed, else ``done`` and the ids (`listed_ids`).
+
+    Example:
+        >>> print(format_retried([1], in_json=False, nothing="none", done="retried 1:"))
+        retried 1:
+          1
+    """
+    if in_json:
+        return as_json({"retried": retried})
+    if not retried:
+        return nothing
+    return f"{done}\n{listed_ids(retried)}"

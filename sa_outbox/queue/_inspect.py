@@ -1,0 +1,515 @@
+"""See and steer a running queue: `queue_status`, listings, and retries by hand.
+
+The typed answers of the read-only statements of ``sa_outbox.statements._inspect``, for
+``sa-outbox status`` / ``jobs`` / ``outbox`` / ``queues`` and for whatever else shows a
+queue (a dashboard, metrics gauges). Synchronous, on a `Connection` the caller opens; on an
+`AsyncConnection`: ``await conn.run_sync(lambda c: queue_status(c, jobs=Job))``.
+
+Example:
+    with engine.connect() as conn:
+        status = queue_status(conn, jobs=Job, outbox=OutboxEvent)
+    status.jobs.by_status["failed"], status.outbox.backlog
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import statements as st
+from .._clock import Clock
+from .._exceptions import InvalidArgument
+from ..schema import JobStatus, resolve_table
+from ..statements._common import as_uuid
+from ._outbox import Outbox
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+__all__ = [
+    "ConnectedWorker",
+    "EventRow",
+    "JobCount",
+    "JobRow",
+    "JobsStatus",
+    "OutboxStatus",
+    "QueueDepth",
+    "QueueStatus",
+    "WorkerJobs",
+    "as_plain",
+    "get_event",
+    "get_job",
+    "kind_exists",
+    "list_events",
+    "list_jobs",
+    "queue_depths",
+    "queue_status",
+    "retry_failed",
+    "retry_parked",
+]
+
+
+def _seconds(value: dt.timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON has it: times in ISO 8601, ages in seconds, UUIDs as text."""
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return str(value) if hasattr(value, "value") and isinstance(value, str) else value
+
+
+def as_plain(value: Any) -> Any:
+    """A result of this module as plain JSON-ready data (dicts, lists, str, numbers, None).
+
+    Times become ISO 8601 text, ages (`timedelta`) seconds, ids text.
+
+    Example:
+        >>> as_plain(WorkerJobs("w1", 2, 0, None))
+        {'worker_id': 'w1', 'running': 2, 'expired': 0, 'lease_until': None}
+    """
+    return _plain(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobCount:
+    """How many jobs of one ``kind`` in one ``queue`` are in one ``status``.
+
+    Example:
+        >>> JobCount("emails", "send-email", "failed", 3).jobs
+        3
+    """
+
+    queue: str
+    kind: str
+    status: str
+    jobs: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerJobs:
+    """A worker holding ``running`` jobs: how many, how many of their leases expired, and
+    the latest ``lease_until``.
+
+    Example:
+        >>> WorkerJobs("host:42:ab12", 4, 1, None).expired
+        1
+    """
+
+    worker_id: str | None
+    running: int
+    expired: int
+    lease_until: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectedWorker:
+    """A worker connected now, seen in ``pg_stat_activity`` by its ``application_name``.
+
+    Example:
+        >>> ConnectedWorker("host:42:ab12", 2, None, "10.0.0.5").connections
+        2
+    """
+
+    worker_id: str
+    connections: int
+    connected_since: dt.datetime | None
+    client_addr: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobsStatus:
+    """The job table's part of `QueueStatus`.
+
+    ``by_status`` sums ``counts`` over queues and kinds (every status of `JobStatus` is
+    there, zero included); ``oldest_ready_age`` is ``None`` when no job is ready;
+    ``failed_recently`` counts the jobs failed within ``failed_within``; ``expired_leases``
+    the running jobs whose lease expired; ``holders`` the workers holding running jobs.
+
+    Example:
+        >>> s = JobsStatus("jobs", [], {"failed": 0}, None, 0, dt.timedelta(hours=1), 0, [])
+        >>> s.by_status["failed"]
+        0
+    """
+
+    table: str
+    counts: list[JobCount]
+    by_status: dict[str, int]
+    oldest_ready_age: dt.timedelta | None
+    failed_recently: int
+    failed_within: dt.timedelta
+    expired_leases: int
+    holders: list[WorkerJobs]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutboxStatus:
+    """The outbox's part of `QueueStatus`: the relays' ``backlog`` (unpublished, not
+    parked), the age of its oldest event, and the ``parked`` events.
+
+    Example:
+        >>> OutboxStatus("outbox", 12, dt.timedelta(seconds=3), 1).parked
+        1
+    """
+
+    table: str
+    backlog: int
+    oldest_backlog_age: dt.timedelta | None
+    parked: int
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStatus:
+    """`queue_status`'s answer: the database's time, each table asked for, the workers.
+
+    ``workers`` lists the workers connected now (``application_name``; workers started by
+    ``sa-outbox worker`` set it); a worker of your own process that does not set it shows
+    only in ``jobs.holders``, while it holds jobs.
+
+    Example:
+        >>> QueueStatus(None, None, None, []).as_dict()
+        {'taken_at': None, 'jobs': None, 'outbox': None, 'workers': []}
+    """
+
+    taken_at: dt.datetime | None
+    jobs: JobsStatus | None
+    outbox: OutboxStatus | None
+    workers: list[ConnectedWorker]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The status as JSON-ready data (see `as_plain`)."""
+        plain: dict[str, Any] = as_plain(self)
+        return plain
+
+
+def queue_status(
+    conn: Connection,
+    *,
+    jobs: object | None = None,
+    outbox: object | None = None,
+    failed_within: dt.timedelta | float = 3600,
+    clock: Clock | None = None,
+) -> QueueStatus:
+    """Read the status of the job table and/or the outbox, and the connected workers.
+
+    Only reads. The counts by queue, kind and status read the whole job table; the rest
+    walks partial indexes.
+
+    Example:
+        with engine.connect() as conn:
+            status = queue_status(conn, jobs=Job, outbox=OutboxEvent)
+        status.jobs.oldest_ready_age, status.outbox.parked, status.workers
+    """
+    if jobs is None and outbox is None:
+        raise InvalidArgument("queue_status needs a job model (jobs=) or an outbox (outbox=)")
+    taken_at: Any = conn.execute(st.select_now(clock)).scalar_one()
+    jobs_status = None
+    if jobs is not None:
+        window = st.job_alarms(jobs, failed_within=failed_within, clock=clock)
+        counts = [JobCount(*row) for row in conn.execute(st.count_jobs_by_queue_kind_status(jobs))]
+        by_status = {str(s): 0 for s in JobStatus}
+        for c in counts:
+            by_status[c.status] = by_status.get(c.status, 0) + c.jobs
+        alarms = conn.execute(window).one()
+        holders = [
+            WorkerJobs(*row) for row in conn.execute(st.workers_holding_jobs(jobs, clock=clock))
+        ]
+        jobs_status = JobsStatus(
+            table=resolve_table(jobs).fullname,
+            counts=counts,
+            by_status=by_status,
+            oldest_ready_age=alarms.oldest_ready_age,
+            failed_recently=alarms.failed_recently,
+            failed_within=_window(failed_within),
+            expired_leases=alarms.expired_leases,
+            holders=holders,
+        )
+    outbox_status = None
+    if outbox is not None:
+        row = conn.execute(st.outbox_alarms(outbox, clock=clock)).one()
+        outbox_status = OutboxStatus(
+            table=resolve_table(outbox).fullname,
+            backlog=row.backlog,
+            oldest_backlog_age=row.oldest_backlog_age,
+            parked=row.parked,
+        )
+    workers = [ConnectedWorker(*row) for row in conn.execute(st.connected_workers())]
+    return QueueStatus(taken_at, jobs_status, outbox_status, workers)
+
+
+def _window(value: dt.timedelta | float) -> dt.timedelta:
+    return value if isinstance(value, dt.timedelta) else dt.timedelta(seconds=value)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRow:
+    """A job as `list_jobs` shows it: its main columns and the first line of its error.
+
+    Example:
+        >>> row = JobRow(uuid.UUID(int=1), "default", "ping", "failed", 0, 8, 8, None,
+        ...              None, None, None, None, "boom")
+        >>> row.error_line
+        'boom'
+    """
+
+    id: uuid.UUID
+    queue: str
+    kind: str
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    run_at: dt.datetime | None
+    lease_until: dt.datetime | None
+    worker_id: str | None
+    created_at: dt.datetime | None
+    updated_at: dt.datetime | None
+    error_line: str | None
+
+
+def list_jobs(
+    conn: Connection,
+    jobs: object,
+    *,
+    statuses: Sequence[str] | str | None = None,
+    kinds: Sequence[str] | str | None = None,
+    queues: Sequence[str] | str | None = None,
+    limit: int = 50,
+) -> list[JobRow]:
+    """Up to ``limit`` jobs, most recently updated first, filtered (AND) as asked.
+
+    Example:
+        with engine.connect() as conn:
+            failed = list_jobs(conn, Job, statuses="failed", kinds="send-email")
+    """
+    stmt = st.select_jobs(
+        jobs,
+        statuses=_names(statuses),
+        kinds=_names(kinds),
+        queues=_names(queues),
+        limit=limit,
+    )
+    return [JobRow(**{**row._asdict(), "status": str(row.status)}) for row in conn.execute(stmt)]
+
+
+def _names(value: Sequence[str] | str | None) -> Any:
+    return value if value is None or isinstance(value, str) else list(value)
+
+
+def get_job(conn: Connection, jobs: object, job_id: object) -> dict[str, Any] | None:
+    """Every column of one job, by name, or ``None`` when there is no job with that id.
+
+    Example:
+        with engine.connect() as conn:
+            job = get_job(conn, Job, "0b0e6c1e-…")
+        print(job["last_error"])
+    """
+    row = conn.execute(st.select_job(jobs, job_id)).one_or_none()
+    if row is None:
+        return None
+    found = dict(row._mapping)
+    if "status" in found:
+        found["status"] = str(found["status"])
+    return found
+
+
+def kind_exists(conn: Connection, jobs: object, kind: str) -> bool:
+    """Whether any job of ``kind`` is in the table (in any status).
+
+    Example:
+        with engine.connect() as conn:
+            kind_exists(conn, Job, "send-email")
+    """
+    return bool(conn.execute(st.job_kind_exists(jobs, kind)).scalar())
+
+
+def retry_failed(
+    conn: Connection,
+    jobs: object,
+    *,
+    ids: Sequence[object] | None = None,
+    kinds: str | Sequence[str] | None = None,
+    queues: str | Sequence[str] | None = None,
+    reset_attempts: bool = False,
+) -> list[uuid.UUID]:
+    """Send failed jobs back to ``pending`` now and wake the workers; returns their ids.
+
+    As River and Oban do, ``attempts`` is kept and ``max_attempts`` raised to give an
+    exhausted job one more attempt (`retry_failed_jobs`); ``reset_attempts=True`` starts
+    them again from zero instead (`requeue_failed_jobs`). Only ``failed`` jobs change: a
+    running job is never touched. With ``ids``, all or nothing: when one of them does not
+    exist or is not ``failed``, `InvalidArgument` says which, and the caller's transaction
+    should roll back (``engine.begin()`` does) — nothing is retried.
+
+    Example:
+        with engine.begin() as conn:
+            retried = retry_failed(conn, Job, kinds="send-email")
+    """
+    chosen = None if ids is None else [as_uuid(i, "job id") for i in ids]
+    if chosen is not None and not chosen:
+        raise InvalidArgument("ids must name at least one job, or be None for all failed")
+    options: dict[str, Any] = {"ids": chosen, "kinds": kinds, "queues": queues}
+    stmt: Any
+    if reset_attempts:
+        stmt = st.requeue_failed_jobs(jobs, **options).returning(resolve_table(jobs).c.queue)
+    else:
+        stmt = st.retry_failed_jobs(jobs, **options)
+    rows = conn.execute(stmt).all()
+    retried = [row[0] for row in rows]
+    if chosen is not None:
+        missing = [i for i in dict.fromkeys(chosen) if i not in set(retried)]
+        if missing:
+            found: dict[uuid.UUID, str] = {
+                r.id: r.status for r in conn.execute(st.select_job_statuses(jobs, missing))
+            }
+            first = missing[0]
+            if first not in found:
+                raise InvalidArgument(
+                    f"no job {first} in {resolve_table(jobs).fullname}; nothing retried"
+                )
+            raise InvalidArgument(f"job {first} is {found[first]}, not failed; nothing retried")
+    if retried:
+        conn.execute(st.notify_jobs(jobs, sorted({row[-1] for row in rows})))
+    return retried
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueDepth:
+    """One queue: its jobs by status, and the jobs that finished within ``within``.
+
+    Example:
+        >>> q = QueueDepth("emails", {"pending": 5}, 120, 2, dt.timedelta(minutes=5))
+        >>> q.per_minute
+        24.4
+    """
+
+    queue: str
+    counts: dict[str, int]
+    succeeded: int
+    failed: int
+    within: dt.timedelta
+
+    @property
+    def per_minute(self) -> float:
+        """Jobs finished (succeeded or failed) per minute over ``within``."""
+        minutes = self.within.total_seconds() / 60
+        return round((self.succeeded + self.failed) / minutes, 1) if minutes else 0.0
+
+
+def queue_depths(
+    conn: Connection,
+    jobs: object,
+    *,
+    within: dt.timedelta | float = 300,
+    clock: Clock | None = None,
+) -> list[QueueDepth]:
+    """Each queue's depth by status and its throughput over the last ``within``, by name.
+
+    Example:
+        with engine.connect() as conn:
+            for q in queue_depths(conn, Job):
+                print(q.queue, q.counts.get("pending", 0), q.per_minute)
+    """
+    window = _window(within)
+    done = {
+        row.queue: (row.succeeded, row.failed)
+        for row in conn.execute(st.queue_throughput(jobs, within=window, clock=clock))
+    }
+    counts: dict[str, dict[str, int]] = {}
+    for queue, _kind, status, n in conn.execute(st.count_jobs_by_queue_kind_status(jobs)):
+        by_status = counts.setdefault(queue, {})
+        by_status[status] = by_status.get(status, 0) + n
+    return [
+        QueueDepth(name, counts.get(name, {}), *done.get(name, (0, 0)), window)
+        for name in sorted(counts.keys() | done.keys())
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class EventRow:
+    """An unpublished outbox event as `list_events` shows it, with its error's first line.
+
+    Example:
+        >>> EventRow(uuid.UUID(int=1), 7, "order", "42", "OrderPlaced", 10, None, None,
+        ...          None, None, "refused").error_line
+        'refused'
+    """
+
+    id: uuid.UUID
+    seq: int
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    attempts: int
+    relay_until: dt.datetime | None
+    published_at: dt.datetime | None
+    parked_at: dt.datetime | None
+    created_at: dt.datetime | None
+    error_line: str | None
+
+
+def list_events(
+    conn: Connection, outbox: object, *, parked: bool = False, limit: int = 50
+) -> list[EventRow]:
+    """Up to ``limit`` unpublished events in ``seq`` order: the backlog, or the parked ones.
+
+    Example:
+        with engine.connect() as conn:
+            parked = list_events(conn, OutboxEvent, parked=True)
+    """
+    stmt = st.select_events(outbox, parked=parked, limit=limit)
+    return [EventRow(**row._asdict()) for row in conn.execute(stmt)]
+
+
+def get_event(conn: Connection, outbox: object, event_id: object) -> dict[str, Any] | None:
+    """Every column of one outbox event, by name, or ``None`` when there is none.
+
+    Example:
+        with engine.connect() as conn:
+            event = get_event(conn, OutboxEvent, "0b0e6c1e-…")
+    """
+    row = conn.execute(st.select_event(outbox, event_id)).one_or_none()
+    return None if row is None else dict(row._mapping)
+
+
+def retry_parked(
+    conn: Connection, outbox: object, *, ids: Sequence[object] | None = None
+) -> list[uuid.UUID]:
+    """Un-park parked events (all, or ``ids``) and wake the relays; returns their ids.
+
+    Their attempts start again from zero (`requeue_parked_events`). With ``ids``, all or
+    nothing, as `retry_failed`: an id that does not exist, or names an event that is not
+    parked, raises `InvalidArgument` and the caller's transaction should roll back.
+
+    Example:
+        with engine.begin() as conn:
+            retry_parked(conn, OutboxEvent)
+    """
+    chosen = None if ids is None else [as_uuid(i, "event id") for i in ids]
+    retried = Outbox(outbox).requeue_parked(conn, ids=chosen)
+    if chosen is not None:
+        missing = [i for i in dict.fromkeys(chosen) if i not in set(retried)]
+        if missing:
+            found = {r.id: r for r in conn.execute(st.select_event_states(outbox, missing))}
+            first = missing[0]
+            if first not in found:
+                raise InvalidArgument(
+                    f"no event {first} in {resolve_table(outbox).fullname}; nothing retried"
+                )
+            state = "published" if found[first].published_at is not None else "not parked"
+            raise InvalidArgument(f"event {first} is {state}; nothing retried")
+    return retried
