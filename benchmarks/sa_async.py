@@ -341,8 +341,8 @@ SYSTEM = SystemSpec(
         ),
         "W4": WorkloadSpec(
             _run(lambda ctx: _process(ctx, 1, rss=True)),
-            "AsyncWorker(concurrency=1, queues='default', defaults otherwise), an async no-op "
-            "handler; RSS of the process at start and end",
+            "AsyncWorker(concurrency=1), defaults otherwise (no queue named: the kinds it "
+            "handles), an async no-op handler; RSS of the process at start and end",
         ),
         "W5": WorkloadSpec(
             _run(lambda ctx: _process(ctx, CONCURRENCY, rss=False)),

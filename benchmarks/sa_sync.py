@@ -483,9 +483,9 @@ SYSTEM = SystemSpec(
         ),
         "W4": WorkloadSpec(
             lambda ctx: _process(ctx, 1, rss=True),
-            "Worker(concurrency=1, queues='default', defaults otherwise: batch 50, adaptive "
-            "prefetch, ack_delay 5 ms, LISTEN on); 1 handler thread; RSS of the process at start "
-            "and end",
+            "Worker(concurrency=1), defaults otherwise (no queue named: the kinds it handles; "
+            "batch 50, adaptive prefetch, ack_delay 5 ms, LISTEN on); 1 handler thread; RSS of "
+            "the process at start and end",
         ),
         "W5": WorkloadSpec(
             lambda ctx: _process(ctx, CONCURRENCY, rss=False),
