@@ -275,3 +275,40 @@ def test_every_command_works_on_tables_named_instead_of_models(
     assert code == 0 and str(scene.parked) in out
     with engine.connect() as conn:
         assert Outbox(OutboxEvent).parked(conn) == []
+
+
+def test_jobs_cancel_stops_waiting_and_running_jobs_and_leaves_finished_ones(
+    scene: Scene, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = [str(scene.pending[0]), str(scene.running), str(scene.succeeded)]
+    code, out, err = run(capsys, "jobs", "cancel", *ids, *JOB_MODEL)
+    assert code == 0, err
+    assert out.splitlines() == [
+        "cancelled 1 waiting job(s):",
+        f"  {scene.pending[0]}",
+        "cancelling 1 running job(s), stopped at their worker's next heartbeat:",
+        f"  {scene.running}",
+        "left 1 finished job(s) alone:",
+        f"  {scene.succeeded}",
+    ]
+    assert job(engine, scene.pending[0]).status == "cancelled"
+    assert job(engine, scene.running).status == "cancelled"
+    assert job(engine, scene.succeeded).status == "succeeded"
+    assert job(engine, scene.pending[1]).status == "pending"
+
+    code, out, _ = run(capsys, "jobs", "cancel", str(scene.pending[1]), "--json", *JOB_MODEL)
+    assert code == 0
+    assert json.loads(out) == {
+        "cancelled": [str(scene.pending[1])],
+        "cancelling": [],
+        "finished": [],
+    }
+
+
+def test_jobs_cancel_with_an_unknown_id_cancels_nothing(
+    scene: Scene, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unknown = uuid.UUID(int=7)
+    argv = ["jobs", "cancel", str(scene.pending[0]), str(unknown), *JOB_MODEL]
+    assert_one_line_error(capsys, argv, f"no job {unknown} in ")
+    assert job(engine, scene.pending[0]).status == "pending"  # rolled back with the rest

@@ -41,14 +41,22 @@ def test_the_status_table(engine: Engine, capsys: pytest.CaptureFixture[str]) ->
     lines = out.splitlines()
     assert lines[0].startswith("sa-outbox status at ") and lines[0].endswith(" UTC")
     header = next(line for line in lines if line.startswith("queue"))
-    assert header.split() == ["queue", "kind", "pending", "running", "succeeded", "failed"]
+    assert header.split() == [
+        "queue",
+        "kind",
+        "pending",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+    ]
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in lines if line[:1].islower()}
-    assert rows[("default", "ping")] == ["2", "0", "0", "0"]
-    assert rows[("emails", "send-email")] == ["0", "0", "0", "2"]
-    assert rows[("images", "resize")] == ["0", "2", "0", "0"]
-    assert rows[("reports", "report")] == ["0", "0", "1", "0"]
+    assert rows[("default", "ping")] == ["2", "0", "0", "0", "0"]
+    assert rows[("emails", "send-email")] == ["0", "0", "0", "2", "0"]
+    assert rows[("images", "resize")] == ["0", "2", "0", "0", "0"]
+    assert rows[("reports", "report")] == ["0", "0", "1", "0", "0"]
     total = next(line for line in lines if line.startswith("total"))
-    assert total.split() == ["total", "2", "2", "1", "2"]
+    assert total.split() == ["total", "2", "2", "1", "2", "0"]
     assert "oldest ready job   waiting " in out
     assert "failed, last 1h    2" in out
     assert "expired leases     1 running job(s) past their lease" in out
@@ -67,7 +75,13 @@ def test_the_status_json_is_the_queue_status_of_the_library(
     assert code == 0
     found = json.loads(out)
     jobs = found["jobs"]
-    assert jobs["by_status"] == {"pending": 2, "running": 2, "succeeded": 1, "failed": 2}
+    assert jobs["by_status"] == {
+        "pending": 2,
+        "running": 2,
+        "succeeded": 1,
+        "failed": 2,
+        "cancelled": 0,
+    }
     assert (jobs["failed_recently"], jobs["expired_leases"], jobs["failed_within"]) == (2, 1, 3600)
     assert jobs["oldest_ready_age"] >= 0
     assert {"queue": "emails", "kind": "send-email", "status": "failed", "jobs": 2} in jobs[
@@ -194,12 +208,13 @@ def test_queues_depth_and_throughput(engine: Engine, capsys: pytest.CaptureFixtu
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].split() == [
-        "queue", "pending", "running", "succeeded", "failed", "done", "5m", "per", "min",
+        "queue", "pending", "running", "succeeded", "failed", "cancelled", "done", "5m", "per",
+        "min",
     ]  # fmt: skip
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-    assert rows["emails"] == ["0", "0", "0", "2", "2", "0.4"]
-    assert rows["reports"] == ["0", "0", "1", "0", "1", "0.2"]
-    assert rows["images"] == ["0", "2", "0", "0", "0", "0.0"]
+    assert rows["emails"] == ["0", "0", "0", "2", "0", "2", "0.4"]
+    assert rows["reports"] == ["0", "0", "1", "0", "0", "1", "0.2"]
+    assert rows["images"] == ["0", "2", "0", "0", "0", "0", "0.0"]
     code, out, _ = run(capsys, "queues", *JOB_MODEL, "--within", "1m", "--json")
     by_queue = {q["queue"]: q for q in json.loads(out)}
     assert by_queue["emails"]["per_minute"] == 2.0 and by_queue["emails"]["within"] == 60

@@ -171,7 +171,7 @@ def test_the_flask_status_jobs_and_outbox_commands_see_and_retry_a_failed_job(ap
     status = runner.invoke(args=["status"])
     assert status.exit_code == 0, status.output
     rows = [line.split() for line in status.output.splitlines()]
-    assert ["emails", "send-confirmation", "0", "0", "1", "1"] in rows
+    assert ["emails", "send-confirmation", "0", "0", "1", "1", "0"] in rows
     assert "failed, last 1h    1" in status.output
     assert "backlog            1 unpublished" in status.output  # the OrderPlaced event
     listed = runner.invoke(args=["jobs", "list", "--status", "failed"])

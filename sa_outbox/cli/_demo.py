@@ -348,7 +348,7 @@ def format_report(report: DemoReport, *, database: str, inspectable: bool = True
         sa-outbox demo on postgresql+psycopg://app@db/app, schema sa_outbox_demo
           enqueued   3 jobs + 1 outbox event in one transaction; 1 duplicate key skipped
           worked     3 jobs in 0.50 s = 6 jobs/s (1 worker, claims of 20, batched acks)
-          jobs       pending 0, running 0, succeeded 2, failed 1
+          jobs       pending 0, running 0, succeeded 2, failed 1, cancelled 0
           failed     send-email 00000000-0000-0000-0000-000000000001: invalid recipient
           published  event 0190-e2 (DemoJobsEnqueued) to the in-process broker: claim, publish, mark
           look       SELECT status, count(*) FROM sa_outbox_demo.jobs GROUP BY status;

@@ -29,7 +29,7 @@ from ._common import (
     load_table,
     parse_duration,
 )
-from ._render import as_json, format_record, format_retried, moment, table
+from ._render import as_json, format_record, format_retried, listed_ids, moment, table
 from ._targets import add_job_target, add_json_and_target, connection, job_id, job_table
 
 
@@ -37,7 +37,7 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     parser = _add_command(
         commands,
         "jobs",
-        help="work with the job table by hand: enqueue, list, show, retry",
+        help="work with the job table by hand: enqueue, list, show, retry, cancel",
         description="Work with the job table by hand.",
         epilog=(
             "example:\n"
@@ -122,6 +122,7 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     _add_list(actions)
     _add_show(actions)
     _add_retry(actions)
+    _add_cancel(actions)
 
 
 _LIST_EXAMPLE = """\
@@ -208,6 +209,72 @@ def _add_retry(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     add_json_and_target(parser, add_job_target, json_help='print {"retried": [...]} instead')
     parser.set_defaults(handler=_retry, parser=parser)
+
+
+_CANCEL_EXAMPLE = """\
+example:
+  sa-outbox jobs cancel 0b0e6c1e-3f4a-4c9e-9d1e-2f8a3b4c5d6e --model myapp.models:Job
+
+A waiting job (pending, scheduled or waiting to retry) is cancelled at once and never runs;
+a running one is cancelled too, and its worker stops the handler at its next heartbeat.
+Finished jobs are left alone. All or nothing: an unknown id changes nothing.
+"""
+
+
+def _add_cancel(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = _add_command(
+        actions,
+        "cancel",
+        help="cancel jobs by id: waiting ones never run, running ones stop at a heartbeat",
+        description=(
+            "Cancel jobs: they end in the cancelled state. By id, all or nothing (an unknown "
+            "id changes nothing)."
+        ),
+        epilog=_CANCEL_EXAMPLE,
+    )
+    parser.add_argument("ids", metavar="ID", nargs="+", type=job_id, help="the jobs' ids")
+    add_json_and_target(
+        parser,
+        add_job_target,
+        json_help='print {"cancelled": [...], "cancelling": [...], "finished": [...]} instead',
+    )
+    parser.set_defaults(handler=_cancel)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    with connection(args, write=True) as conn:
+        jobs = job_table(args, conn)
+        assert jobs is not None
+        result = JobQueue(jobs).cancel(conn, args.ids)
+        if result.unknown:  # raised inside the transaction: it is rolled back
+            missing = ", ".join(str(i) for i in result.unknown)
+            raise CommandError(f"no job {missing} in {jobs.fullname}; nothing was cancelled")
+    if args.json:
+        print(
+            as_json(
+                {
+                    "cancelled": result.cancelled,
+                    "cancelling": result.cancelling,
+                    "finished": result.finished,
+                }
+            )
+        )
+        return 0
+    lines = []
+    if result.cancelled:
+        lines.append(f"cancelled {len(result.cancelled)} waiting job(s):")
+        lines.append(listed_ids(result.cancelled))
+    if result.cancelling:
+        lines.append(
+            f"cancelling {len(result.cancelling)} running job(s), stopped at their worker's "
+            "next heartbeat:"
+        )
+        lines.append(listed_ids(result.cancelling))
+    if result.finished:
+        lines.append(f"left {len(result.finished)} finished job(s) alone:")
+        lines.append(listed_ids(result.finished))
+    print("\n".join(lines))
+    return 0
 
 
 def _not_json_constant(name: str) -> Any:

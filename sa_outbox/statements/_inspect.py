@@ -239,7 +239,7 @@ def select_jobs(
         >>> select_jobs(Job, statuses=["failed", "lost"])
         Traceback (most recent call last):
         ...
-        sa_outbox._exceptions.InvalidArgument: unknown job status 'lost' (one of: pending, running, succeeded, failed)
+        sa_outbox._exceptions.InvalidArgument: unknown job status 'lost' (one of: pending, running, succeeded, failed, cancelled)
     """  # noqa: E501 - a doctest's expected output is one line
     size = count(limit, "limit")
     t = table_of(target)
