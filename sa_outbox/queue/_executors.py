@@ -28,6 +28,7 @@ from ..schema import JobStatus, resolve_table
 from ..statements._common import Dumps, id_token_pairs
 from ..statements._job_cancel import job_ids
 from ..statements._job_claim import COMPLETION_IDS, COMPLETION_TOKENS
+from ._cursor import NOT_RUN, DriverInsert
 from ._results import (
     BatchResult,
     CancelResult,
@@ -172,16 +173,33 @@ class _JobOps:
         self.backoff = backoff or st.DEFAULT_BACKOFF
         self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
         self._enqueue: tuple[Executable, dict[str, Any] | None] | None = None
+        self._driver_insert: DriverInsert | None = None
         self._claims: dict[tuple[Any, ...], Executable] = {}
         self._completion: Executable | None = None
         self._complete_claims: dict[tuple[Any, ...], Executable] = {}
 
-    def enqueue(self, kind: str, payload: Any, options: dict[str, Any]) -> BoundOp[EnqueueResult]:
-        # Checked (and the payload serialised) before any SQL; then one statement built
-        # once per queue, run with these values: no statement is built or compiled per job.
-        values = st.enqueue_job_values(
+    def enqueue_values(self, kind: str, payload: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """The job's checked values (the payload serialised): bad input raises here."""
+        return st.enqueue_job_values(
             kind, payload, dumps=self.dumps, max_payload_bytes=self.max_payload_bytes, **options
         )
+
+    def enqueue_on_cursor(self, conn: SyncConn | Engine, values: dict[str, Any]) -> Any:
+        """The enqueue on the driver's cursor (`DriverInsert`): an `EnqueueResult`, or
+        `NOT_RUN` when it stepped aside (or a FakeClock's time must be bound)."""
+        if self.clock is not None:
+            return NOT_RUN
+        if self._driver_insert is None:
+            table = self.table
+            self._driver_insert = DriverInsert(lambda: st.enqueue_job_template(table))
+        row = self._driver_insert.run(conn, values)
+        if row is NOT_RUN:
+            return NOT_RUN
+        return EnqueueResult(id=row[0] if row else None, inserted=row is not None)
+
+    def enqueue(self, values: dict[str, Any]) -> BoundOp[EnqueueResult]:
+        # One statement built once per queue, run with these values: no statement is built
+        # or compiled per job.
         row = (yield self._enqueue_step(values)).first()
         return EnqueueResult(id=row[0] if row else None, inserted=row is not None)
 

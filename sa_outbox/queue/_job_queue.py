@@ -15,6 +15,7 @@ from .._clock import Clock
 from ..schema import JobStatus
 from ..statements._common import Dumps
 from ._copy import copy_jobs_async, copy_jobs_sync
+from ._cursor import NOT_RUN
 from ._executors import (
     SyncConn,
     _adrive,
@@ -123,7 +124,11 @@ class JobQueue(_Base):
             "max_attempts": max_attempts,
             "deduplication_key": deduplication_key,
         }
-        op = self._ops.enqueue(kind, payload, options)
+        values = self._ops.enqueue_values(kind, payload, options)
+        result = self._ops.enqueue_on_cursor(conn, values)
+        if result is not NOT_RUN:
+            return cast(EnqueueResult, result)
+        op = self._ops.enqueue(values)
         if isinstance(conn, Engine):
             return _drive_autocommit(conn, op)
         return _drive(conn, op)
@@ -380,7 +385,7 @@ class AsyncJobQueue(_Base):
             "max_attempts": max_attempts,
             "deduplication_key": deduplication_key,
         }
-        op = self._ops.enqueue(kind, payload, options)
+        op = self._ops.enqueue(self._ops.enqueue_values(kind, payload, options))
         if is_async_engine(conn):
             return await _adrive_autocommit(conn, op)
         return await _adrive(cast("AsyncConn", conn), op)
