@@ -256,3 +256,22 @@ def test_the_worker_cli_serves_metrics_and_logs_json(
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["outcome"] for line in lines if "outcome" in line] == ["succeeded"] * 3
     assert jobs_by_status(engine) == {"succeeded": 3}
+
+
+def test_without_prometheus_client_the_library_imports_and_metrics_name_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['prometheus_client'] = None\n"
+        "import sa_outbox, sa_outbox.cli\n"
+        "from sa_outbox.metrics import JsonFormatter, MetricsUnavailable, PrometheusMetrics\n"
+        "try:\n"
+        "    PrometheusMetrics()\n"
+        "except MetricsUnavailable as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert done.stdout.strip() == (
+        'Prometheus metrics need prometheus_client: pip install "sa-outbox[prometheus]"'
+    )
