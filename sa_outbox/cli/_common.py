@@ -18,6 +18,7 @@ from .._connect_args import connect_args
 from .._exceptions import InvalidArgument, SaOutboxError
 from .._loading import import_target
 from .._pooler import prepare_nothing_behind_a_pooler
+from ..metrics import JsonFormatter
 from ..schema import resolve_table
 from ..worker import JobApp
 
@@ -326,15 +327,23 @@ def _add_log_level(parser: argparse.ArgumentParser) -> None:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="(default: %(default)s)",
     )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="json: one JSON object a line, with each job outcome's fields (default: text)",
+    )
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, log_format: str = "text") -> None:
     if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=level,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            JsonFormatter()
+            if log_format == "json"
+            else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
         )
+        logging.basicConfig(level=level, handlers=[handler])
 
 
 def _database_error(url: URL, exc: DBAPIError) -> CommandError:

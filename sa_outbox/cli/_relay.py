@@ -188,7 +188,7 @@ def _dispose_now(engine: Engine | AsyncEngine) -> None:
 
 
 def _relay(args: argparse.Namespace) -> int:
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level, args.log_format)
     relay, made = load_relay_target(args.target, args.database_url)
     listen_url = given_listen_url(args.listen_url)
     if listen_url is not None:

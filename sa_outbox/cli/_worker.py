@@ -13,6 +13,7 @@ from .._connect_args import connect_args
 from .._exceptions import InvalidArgument
 from .._loading import load_instance
 from .._pooler import prepare_nothing_behind_a_pooler
+from ..metrics import MetricsUnavailable, PrometheusMetrics, QueueStatusCollector, serve_metrics
 from ..statements import WORKER_APPLICATION_PREFIX
 from ..worker import AsyncWorker, JobApp, Supervisor, Worker
 from ..worker._settings import default_worker_id
@@ -120,6 +121,12 @@ def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="leave expired leases to a separate reclaimer",
     )
     parser.add_argument("--worker-id", metavar="ID", help="default: host:pid:random")
+    parser.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        type=_positive_int,
+        help="serve Prometheus metrics at :PORT/metrics (needs sa-outbox[prometheus])",
+    )
     _add_log_level(parser)
     parser.set_defaults(handler=_worker)
 
@@ -143,7 +150,7 @@ def load_target(target: str) -> JobApp:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level, args.log_format)
     app = load_target(args.target)
     url = _url_of(args)
     options = dict(
@@ -160,6 +167,8 @@ def _worker(args: argparse.Namespace) -> int:
         reclaim=args.reclaim,
         worker_id=args.worker_id,
     )
+    if args.processes > 1 and args.metrics_port is not None:
+        raise CommandError("--metrics-port needs --processes 1 (one port, one process)")
     if args.processes > 1:
         del options["worker_id"]
         supervisor = Supervisor(
@@ -174,6 +183,16 @@ def _worker(args: argparse.Namespace) -> int:
     # The worker names its connections, so that ``sa-outbox status`` lists it as connected.
     worker_id = options["worker_id"] = args.worker_id or default_worker_id()
     name = f"{WORKER_APPLICATION_PREFIX}{worker_id}"
+    stop_metrics = None
+    metrics_engine = None
+    if args.metrics_port is not None:
+        try:
+            options["metrics"] = PrometheusMetrics()
+            metrics_engine = _engine(url, name)
+            QueueStatusCollector(metrics_engine, jobs=app.model).register()
+            stop_metrics = serve_metrics(args.metrics_port)
+        except (MetricsUnavailable, OSError) as exc:
+            raise CommandError(f"--metrics-port {args.metrics_port}: {exc}") from None
     try:
         if any(app[kind].is_async for kind in app.kinds):
             asyncio.run(_run_async(app, url, options, name))
@@ -187,6 +206,11 @@ def _worker(args: argparse.Namespace) -> int:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         shown = url.render_as_string(hide_password=True)
         raise CommandError(f"database error on {shown}: {reason}") from exc
+    finally:
+        if stop_metrics is not None:
+            stop_metrics()
+        if metrics_engine is not None:
+            metrics_engine.dispose()
     return 0
 
 

@@ -289,6 +289,7 @@ class Core:
     def begin(self, entry: Entry) -> None:
         """The handler starts now: its timeout starts now too."""
         entry.started = self.timer()
+        self.hook("job_started", entry.job, max(0.0, entry.started - entry.claimed_at))
         if entry.spec is not None and entry.spec.timeout is not None:
             entry.deadline = entry.started + entry.spec.timeout
 
@@ -521,8 +522,14 @@ class Core:
         for result, outcome in written.outcomes:
             entry = result.entry
             self.in_flight.pop(entry.pair, None)
+            extra = outcome_fields(result, outcome)
             if outcome is JobOutcome.CANCELLED:
-                log.info("job %s (%s) was cancelled while it ran", entry.job.id, entry.job.kind)
+                log.info(
+                    "job %s (%s) was cancelled while it ran",
+                    entry.job.id,
+                    entry.job.kind,
+                    extra=extra,
+                )
             elif outcome is JobOutcome.LOST:
                 log.warning(
                     "job %s (%s): lease lost before its result (%s) was written; the row was "
@@ -530,15 +537,28 @@ class Core:
                     entry.job.id,
                     entry.job.kind,
                     result.action.value,
+                    extra=extra,
                 )
             elif outcome is JobOutcome.FAILED:
                 log.warning(
                     "job %s (%s) failed: %s",
                     entry.job.id,
                     entry.job.kind,
-                    (result.error or "").splitlines()[0],
+                    extra["error"],
+                    extra=extra,
+                )
+            else:
+                log.info(
+                    "job %s (%s) attempt %d %s in %.3f s",
+                    entry.job.id,
+                    entry.job.kind,
+                    entry.job.attempts,
+                    outcome.value,
+                    result.seconds,
+                    extra=extra,
                 )
             self.hook("job_finished", entry.job.kind, outcome, result.seconds)
+            self.hook("job_settled", entry.job, outcome, result.seconds)
 
     def isolate(self, results: Sequence[Result], error: BaseException) -> list[list[Result]] | None:
         """A write of ``results`` was refused for its values (`is_bad_data`: a follow-up job
@@ -699,6 +719,21 @@ class Core:
                 if not e.context.cancel.cancelled:
                     due.append(e.lease_deadline)
         return max(0.0, min(due) - now) if due else None
+
+
+def outcome_fields(result: Result, outcome: JobOutcome) -> dict[str, Any]:
+    """The ``extra=`` fields of a job's outcome log line (docs/metrics.md lists them)."""
+    job = result.entry.job
+    return {
+        "job_id": str(job.id),
+        "kind": job.kind,
+        "queue": job.queue,
+        "attempt": job.attempts,
+        "lease_token": str(job.lease_token),
+        "outcome": outcome.value,
+        "duration": round(result.seconds, 6),
+        "error": (result.error or "").splitlines()[0] if result.error else None,
+    }
 
 
 def _give_up(entry: Entry) -> Action:

@@ -19,6 +19,8 @@ import collections
 import enum
 import threading
 
+from ..queue._results import ClaimedJob
+
 __all__ = ["CountingMetrics", "JobOutcome", "WorkerMetrics"]
 
 
@@ -58,6 +60,12 @@ class WorkerMetrics:
 
     def job_finished(self, kind: str, outcome: JobOutcome, seconds: float) -> None:
         """A job's fate was written (or found lost); ``seconds`` is its handler's run time."""
+
+    def job_started(self, job: ClaimedJob, delay: float) -> None:
+        """A handler starts on ``job``, ``delay`` seconds after this worker claimed it."""
+
+    def job_settled(self, job: ClaimedJob, outcome: JobOutcome, seconds: float) -> None:
+        """Like `job_finished`, with the whole job (its ``queue``, ``attempts``, ids)."""
 
     def batch_written(self, acknowledged: int, claimed: int, seconds: float) -> None:
         """One transaction acknowledged ``acknowledged`` jobs and claimed ``claimed`` more."""

@@ -1,0 +1,23 @@
+"""Layer 5, integrations: Prometheus metrics and structured (JSON) logs.
+
+May import the runtimes (``sa_outbox.worker``, ``sa_outbox.relay``) and everything below;
+``prometheus_client`` is imported here only (``pip install "sa-outbox[prometheus]"``). The
+package imports without it; `PrometheusMetrics`, `QueueStatusCollector` and `serve_metrics`
+then raise `MetricsUnavailable`. docs/metrics.md lists every metric and log field.
+
+Example:
+    >>> from sa_outbox.metrics import JsonFormatter, MetricsUnavailable
+    >>> issubclass(MetricsUnavailable, ImportError)
+    True
+"""
+
+from ._logs import JsonFormatter
+from ._prometheus import MetricsUnavailable, PrometheusMetrics, QueueStatusCollector, serve_metrics
+
+__all__ = [
+    "JsonFormatter",
+    "MetricsUnavailable",
+    "PrometheusMetrics",
+    "QueueStatusCollector",
+    "serve_metrics",
+]
