@@ -38,6 +38,7 @@ from ._common import (
     unnest_pairs,
 )
 from ._job_defaults import DEFAULT_LEASE
+from ._queue_pause import not_paused
 
 
 def claim_jobs(
@@ -48,6 +49,7 @@ def claim_jobs(
     lease: dt.timedelta | float = DEFAULT_LEASE,
     queues: str | Sequence[str] | None = None,
     kinds: str | Sequence[str] | None = None,
+    paused: object | None = None,
     clock: Clock | None = None,
 ) -> Update:
     """The article's atomic claim: a ``FOR UPDATE SKIP LOCKED`` CTE and ``UPDATE … RETURNING``.
@@ -58,6 +60,10 @@ def claim_jobs(
     restrict the claim (a name or a sequence of names; ``None`` means all). Whatever is
     named, the claim walks a ready index in that order and never sorts the backlog (see
     `_ready_jobs` and docs/performance.md).
+
+    ``paused``, a table of `QueuePauseMixin`, makes the claim skip the jobs of the queues it
+    lists (``NOT EXISTS``, checked in the claim's own snapshot: whatever a worker believes,
+    a queue paused before the claim starts is never claimed). ``None``: no such check.
 
     Example:
         >>> from sqlalchemy.dialects import postgresql
@@ -77,7 +83,7 @@ def claim_jobs(
     kind_names = name_filter(kinds, "kinds")
     t = table_of(target)
     now = now_of(clock)
-    claimed = _ready_jobs(t, now, size, queue_names, kind_names).cte("claimed")
+    claimed = _ready_jobs(t, now, size, queue_names, kind_names, paused).cte("claimed")
     return (
         update(t)
         .where(t.c.id == claimed.c.id)
@@ -104,6 +110,7 @@ def _ready_jobs(
     size: int,
     queue_names: tuple[str, ...] | None,
     kind_names: tuple[str, ...] | None,
+    paused: object | None = None,
 ) -> Select[Any]:
     """The ids of the next ``size`` ready jobs, locked, walking a ready index in order.
 
@@ -133,6 +140,8 @@ def _ready_jobs(
     # table, for which the planner then joins the claimed ids by a sequential scan.
     limit = literal_column(str(size), Integer())
     ready = select(t.c.id).where(t.c.status == pending, t.c.run_at <= now)
+    if paused is not None:
+        ready = ready.where(not_paused(paused, t.c.queue))
     if queue_names is not None:
         branch_column, names, other = t.c.queue, queue_names, (t.c.kind, kind_names)
     elif kind_names is not None:
@@ -355,6 +364,7 @@ def complete_and_claim_jobs(
     lease: dt.timedelta | float = DEFAULT_LEASE,
     queues: str | Sequence[str] | None = None,
     kinds: str | Sequence[str] | None = None,
+    paused: object | None = None,
     clock: Clock | None = None,
 ) -> CompoundSelect[Any]:
     """`complete_jobs` and `claim_jobs` in one statement: one round trip, one commit.
@@ -394,6 +404,7 @@ def complete_and_claim_jobs(
         lease=lease,
         queues=queues,
         kinds=kinds,
+        paused=paused,
         clock=clock,
     ).cte("taken")
     t = table_of(target)
