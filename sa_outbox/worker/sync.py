@@ -66,8 +66,8 @@ class Worker(DriverBase[Engine]):
     past a transaction pooler such as PgBouncer, see docs/pgbouncer.md) and polls
     every ``poll_interval`` anyway. Given ``pauses`` (a `QueuePauseMixin` model), its claims
     skip the queues paused with `QueueControl` (docs/worker.md, "Pausing a queue"). Results
-    wait up to ``ack_delay`` seconds (or until
-    ``ack_batch`` are ready) so that one commit acknowledges many jobs.
+    wait up to ``ack_delay`` seconds (or until ``ack_batch`` are ready) so that one commit
+    acknowledges many jobs.
 
     A claim takes up to ``batch`` jobs (default: ``concurrency``, at least 50); those beyond
     the free handlers wait in the worker, heartbeated like the running ones, for at most
