@@ -16,6 +16,7 @@ from sqlalchemy import (
     Uuid,
     bindparam,
     func,
+    literal,
     literal_column,
     null,
     select,
@@ -140,24 +141,34 @@ def _ready_jobs(
     # table, for which the planner then joins the claimed ids by a sequential scan.
     limit = literal_column(str(size), Integer())
     ready = select(t.c.id).where(t.c.status == pending, t.c.run_at <= now)
-    if paused is not None:
-        ready = ready.where(not_paused(paused, t.c.queue))
     if queue_names is not None:
         branch_column, names, other = t.c.queue, queue_names, (t.c.kind, kind_names)
     elif kind_names is not None:
         branch_column, names, other = t.c.kind, kind_names, (t.c.queue, None)
     else:
+        if paused is not None:
+            ready = ready.where(not_paused(paused, t.c.queue))
         return ready.order_by(*order).limit(limit).with_for_update(skip_locked=True)
+    by_queue = branch_column is t.c.queue
     if other[1] is not None:
         ready = ready.where(in_names(other[0], other[1]))
     if len(names) == 1 or len(names) > MAX_CLAIM_BRANCHES:
         ready = ready.where(in_names(branch_column, names))
+        if paused is not None:
+            # One queue named: whether it is paused does not depend on the row, so the check
+            # is a one-time filter and the walk stays an index scan.
+            single = by_queue and len(names) == 1
+            queue = literal(names[0], Text()) if single else t.c.queue
+            ready = ready.where(not_paused(paused, queue))
         return ready.order_by(*order).limit(limit).with_for_update(skip_locked=True)
     each = (
         func.unnest(bindparam("claim_names", list(names), type_=ARRAY(Text())))
         .table_valued("name")
         .render_derived(name="claim_names")
     )
+    if paused is not None:
+        # A branch per queue: a paused queue's branch is skipped whole, not walked.
+        ready = ready.where(not_paused(paused, each.c.name if by_queue else t.c.queue))
     branch = (
         ready.add_columns(t.c.priority, t.c.run_at)
         .where(branch_column == each.c.name)

@@ -74,4 +74,5 @@ def select_paused_queues(target: object) -> Select[Any]:
 def not_paused(target: object, queue_column: Any) -> Any:
     """The claim's filter: no row of ``target`` names the job's queue."""
     t = table_of(target)
-    return ~exists().where(t.c.queue == queue_column)
+    # Correlated to whatever names the queue (the job row, a branch's name), never to itself.
+    return ~exists().where(t.c.queue == queue_column).correlate_except(t)
