@@ -50,6 +50,7 @@ from .maintenance import (
 from .queue import (
     AsyncJobQueue,
     AsyncOutbox,
+    AsyncQueueControl,
     BatchResult,
     CancelResult,
     ClaimedEvent,
@@ -64,6 +65,8 @@ from .queue import (
     Outbox,
     OutboxStatus,
     ParkedEvent,
+    PausedQueue,
+    QueueControl,
     QueueDepth,
     QueueStatus,
     ReclaimedJob,
@@ -88,7 +91,14 @@ from .relay import (
     Relay,
     RelayReport,
 )
-from .schema import JobDataclassMixin, JobMixin, JobStatus, OutboxDataclassMixin, OutboxMixin
+from .schema import (
+    JobDataclassMixin,
+    JobMixin,
+    JobStatus,
+    OutboxDataclassMixin,
+    OutboxMixin,
+    QueuePauseMixin,
+)
 from .statements import NewJob
 from .worker import (
     ALL_KINDS,
@@ -122,6 +132,7 @@ __all__ = [
     "AsyncJobQueue",
     "AsyncOutbox",
     "AsyncPruner",
+    "AsyncQueueControl",
     "AsyncReclaimer",
     "AsyncRelay",
     "AsyncVacuumer",
@@ -166,6 +177,7 @@ __all__ = [
     "OutboxStatus",
     "ParkedEvent",
     "PartitionReport",
+    "PausedQueue",
     "PayloadNotSerializable",
     "PayloadTooLarge",
     "PermanentError",
@@ -174,7 +186,9 @@ __all__ = [
     "PublishError",
     "Publisher",
     "PublisherUnavailable",
+    "QueueControl",
     "QueueDepth",
+    "QueuePauseMixin",
     "QueueStatus",
     "ReclaimedJob",
     "Reclaimer",

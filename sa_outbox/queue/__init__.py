@@ -7,6 +7,7 @@ the runtimes (worker, relay, maintenance) nor the integrations, which build on t
   sync or an asyncio runner (`SyncConn` / `AsyncConn`: a Connection, Session, Engine or
   their asyncio twins);
 - ``_job_queue``: `JobQueue` / `AsyncJobQueue`; ``_outbox``: `Outbox` / `AsyncOutbox`;
+- ``_control``: `QueueControl` / `AsyncQueueControl`, pausing and resuming queues;
 - ``_copy``: bulk enqueue through ``COPY``; ``_results``: the typed result records;
 - ``_inspect``: `queue_status`, listings of jobs and events, `queue_depths`, and the
   retries by hand (`retry_failed`, `retry_parked`) the CLI and a dashboard share.
@@ -20,6 +21,7 @@ Example:
     JobQueue('jobs')
 """
 
+from ._control import AsyncQueueControl, PausedQueue, QueueControl
 from ._inspect import (
     ConnectedWorker,
     EventRow,
@@ -58,6 +60,7 @@ from ._results import (
 __all__ = [
     "AsyncJobQueue",
     "AsyncOutbox",
+    "AsyncQueueControl",
     "BatchResult",
     "CancelResult",
     "ClaimedEvent",
@@ -72,6 +75,8 @@ __all__ = [
     "Outbox",
     "OutboxStatus",
     "ParkedEvent",
+    "PausedQueue",
+    "QueueControl",
     "QueueDepth",
     "QueueStatus",
     "ReclaimedJob",

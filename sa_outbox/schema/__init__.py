@@ -21,6 +21,7 @@ What lives here:
   mixins and `resolve_table`;
 - the DDL that ``create_all`` and the Alembic operations share: ``_notify_trigger``,
   ``_outbox_triggers``, ``_partition_ddl``, ``_storage``;
+- ``_queue_pause``: `QueuePauseMixin`, the table of paused queues;
 - ``_event_types``: what makes a subclass of an outbox model a domain event class.
 
 Example:
@@ -40,6 +41,7 @@ Example:
 from ._columns import job_table_args, outbox_table_args
 from ._mixins import JobDataclassMixin, JobMixin, OutboxDataclassMixin, OutboxMixin, resolve_table
 from ._partition_ddl import PARTITION_INFO_KEY, PARTITION_INTERVALS
+from ._queue_pause import QueuePauseMixin
 from ._status import JOB_STATUS_TYPE_NAME, TABLE_KIND_INFO_KEY, JobStatus, job_status_enum
 from ._storage import RECOMMENDED_JOB_STORAGE, RECOMMENDED_OUTBOX_STORAGE, STORAGE_INFO_KEY
 
@@ -56,6 +58,7 @@ __all__ = [
     "JobStatus",
     "OutboxDataclassMixin",
     "OutboxMixin",
+    "QueuePauseMixin",
     "job_status_enum",
     "job_table_args",
     "outbox_table_args",

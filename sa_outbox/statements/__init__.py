@@ -3,9 +3,9 @@
 May import: ``sa_outbox.schema`` and the foundation modules, nothing that does I/O. Split
 by concern: ``_job_enqueue``, ``_job_claim`` (claim, heartbeat, complete), ``_job_settle``
 (retry, fail, snooze, release, reclaim, requeue, retry by hand, prune), ``_job_cancel``,
-``_job_notify``; ``_inspect`` (the read-only queries of status, listings and queues);
-``_outbox_append``, ``_outbox_claim``, ``_outbox_settle``; ``_maintenance`` and
-``_partitions`` (upkeep).
+``_job_notify``, ``_queue_pause`` (paused queues); ``_inspect`` (the read-only queries of
+status, listings and queues); ``_outbox_append``, ``_outbox_claim``, ``_outbox_settle``;
+``_maintenance`` and ``_partitions`` (upkeep).
 
 No I/O, no sessions, no globals: each function validates its arguments (raising
 `InvalidArgument` / `InvalidArgumentType` before any SQL exists), and returns a statement
@@ -133,6 +133,7 @@ from ._partitions import (
     set_lock_timeout,
     table_layout,
 )
+from ._queue_pause import pause_queue, resume_queue, select_paused_queues
 
 __all__ = [
     "ACKED",
@@ -204,6 +205,7 @@ __all__ = [
     "partition_lock",
     "partition_unlock",
     "partitions_in_schema",
+    "pause_queue",
     "precompiled",
     "prune_events",
     "prune_jobs",
@@ -215,6 +217,7 @@ __all__ = [
     "release_jobs",
     "requeue_failed_jobs",
     "requeue_parked_events",
+    "resume_queue",
     "retry_failed_jobs",
     "retry_job",
     "select_aggregate_heads",
@@ -227,6 +230,7 @@ __all__ = [
     "select_jobs",
     "select_now",
     "select_parked_events",
+    "select_paused_queues",
     "set_lock_timeout",
     "snooze_job",
     "table_layout",

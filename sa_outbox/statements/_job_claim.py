@@ -16,6 +16,7 @@ from sqlalchemy import (
     Uuid,
     bindparam,
     func,
+    literal,
     literal_column,
     null,
     select,
@@ -38,6 +39,7 @@ from ._common import (
     unnest_pairs,
 )
 from ._job_defaults import DEFAULT_LEASE
+from ._queue_pause import not_paused
 
 
 def claim_jobs(
@@ -48,6 +50,7 @@ def claim_jobs(
     lease: dt.timedelta | float = DEFAULT_LEASE,
     queues: str | Sequence[str] | None = None,
     kinds: str | Sequence[str] | None = None,
+    paused: object | None = None,
     clock: Clock | None = None,
 ) -> Update:
     """The article's atomic claim: a ``FOR UPDATE SKIP LOCKED`` CTE and ``UPDATE … RETURNING``.
@@ -58,6 +61,10 @@ def claim_jobs(
     restrict the claim (a name or a sequence of names; ``None`` means all). Whatever is
     named, the claim walks a ready index in that order and never sorts the backlog (see
     `_ready_jobs` and docs/performance.md).
+
+    ``paused``, a table of `QueuePauseMixin`, makes the claim skip the jobs of the queues it
+    lists (``NOT EXISTS``, checked in the claim's own snapshot: whatever a worker believes,
+    a queue paused before the claim starts is never claimed). ``None``: no such check.
 
     Example:
         >>> from sqlalchemy.dialects import postgresql
@@ -77,7 +84,7 @@ def claim_jobs(
     kind_names = name_filter(kinds, "kinds")
     t = table_of(target)
     now = now_of(clock)
-    claimed = _ready_jobs(t, now, size, queue_names, kind_names).cte("claimed")
+    claimed = _ready_jobs(t, now, size, queue_names, kind_names, paused).cte("claimed")
     return (
         update(t)
         .where(t.c.id == claimed.c.id)
@@ -104,6 +111,7 @@ def _ready_jobs(
     size: int,
     queue_names: tuple[str, ...] | None,
     kind_names: tuple[str, ...] | None,
+    paused: object | None = None,
 ) -> Select[Any]:
     """The ids of the next ``size`` ready jobs, locked, walking a ready index in order.
 
@@ -138,17 +146,29 @@ def _ready_jobs(
     elif kind_names is not None:
         branch_column, names, other = t.c.kind, kind_names, (t.c.queue, None)
     else:
+        if paused is not None:
+            ready = ready.where(not_paused(paused, t.c.queue))
         return ready.order_by(*order).limit(limit).with_for_update(skip_locked=True)
+    by_queue = branch_column is t.c.queue
     if other[1] is not None:
         ready = ready.where(in_names(other[0], other[1]))
     if len(names) == 1 or len(names) > MAX_CLAIM_BRANCHES:
         ready = ready.where(in_names(branch_column, names))
+        if paused is not None:
+            # One queue named: whether it is paused does not depend on the row, so the check
+            # is a one-time filter and the walk stays an index scan.
+            single = by_queue and len(names) == 1
+            queue = literal(names[0], Text()) if single else t.c.queue
+            ready = ready.where(not_paused(paused, queue))
         return ready.order_by(*order).limit(limit).with_for_update(skip_locked=True)
     each = (
         func.unnest(bindparam("claim_names", list(names), type_=ARRAY(Text())))
         .table_valued("name")
         .render_derived(name="claim_names")
     )
+    if paused is not None:
+        # A branch per queue: a paused queue's branch is skipped whole, not walked.
+        ready = ready.where(not_paused(paused, each.c.name if by_queue else t.c.queue))
     branch = (
         ready.add_columns(t.c.priority, t.c.run_at)
         .where(branch_column == each.c.name)
@@ -355,6 +375,7 @@ def complete_and_claim_jobs(
     lease: dt.timedelta | float = DEFAULT_LEASE,
     queues: str | Sequence[str] | None = None,
     kinds: str | Sequence[str] | None = None,
+    paused: object | None = None,
     clock: Clock | None = None,
 ) -> CompoundSelect[Any]:
     """`complete_jobs` and `claim_jobs` in one statement: one round trip, one commit.
@@ -394,6 +415,7 @@ def complete_and_claim_jobs(
         lease=lease,
         queues=queues,
         kinds=kinds,
+        paused=paused,
         clock=clock,
     ).cte("taken")
     t = table_of(target)

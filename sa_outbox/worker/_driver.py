@@ -25,6 +25,7 @@ from .._sqlstate import is_configuration_error
 from ..maintenance._retention import PruneReport, Retention
 from ..maintenance._vacuum import DEFAULT_VACUUM, VacuumPolicy, VacuumReport
 from ..queue._executors import _JobOps
+from ..schema import resolve_table
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result
 from ._settings import Settings, jittered, log, make_settings, seconds
@@ -172,6 +173,7 @@ class DriverBase(abc.ABC, Generic[E]):
         startup_timeout: dt.timedelta | float = DEFAULT_STARTUP_TIMEOUT,
         listen_url: str | URL | None = None,
         schedules: bool = True,
+        pauses: object | None = None,
     ) -> None:
         if not isinstance(app, JobApp):
             raise InvalidArgumentType(f"{self.name} needs a JobApp, got {type(app).__name__}")
@@ -217,6 +219,10 @@ class DriverBase(abc.ABC, Generic[E]):
         )
         self.timer = timer
         self.core = Core(app, ops, self.settings, metrics, timer)
+        if pauses is not None:
+            # The claim itself skips the paused queues (see QueueControl), whatever the worker
+            # last heard: a pause needs no message to reach every worker.
+            self.core.claim_options["paused"] = resolve_table(pauses)
         self.install_signal_handlers = install_signal_handlers
         self._stop_requested = False
         self._give_up_at: float | None = None

@@ -64,8 +64,10 @@ class Worker(DriverBase[Engine]):
     other workers; each tick is enqueued once whatever the number), wakes up on the
     table's NOTIFY (``listen``; on a connection to ``listen_url`` when given, a direct one
     past a transaction pooler such as PgBouncer, see docs/pgbouncer.md) and polls
-    every ``poll_interval`` anyway. Results wait up to ``ack_delay`` seconds (or until
-    ``ack_batch`` are ready) so that one commit acknowledges many jobs.
+    every ``poll_interval`` anyway. Given ``pauses`` (a `QueuePauseMixin` model), its claims
+    skip the queues paused with `QueueControl` (docs/worker.md, "Pausing a queue"). Results
+    wait up to ``ack_delay`` seconds (or until ``ack_batch`` are ready) so that one commit
+    acknowledges many jobs.
 
     A claim takes up to ``batch`` jobs (default: ``concurrency``, at least 50); those beyond
     the free handlers wait in the worker, heartbeated like the running ones, for at most
