@@ -59,7 +59,7 @@ def claim_jobs(
     named, the claim walks a ready index in that order and never sorts the backlog (see
     `_ready_jobs` and docs/performance.md).
 
-    Example:
+    Examples:
         >>> from sqlalchemy.dialects import postgresql
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -210,7 +210,7 @@ def heartbeat_job(
     *and* the lease has not yet expired. Returns the new ``lease_until``; no row means the
     lease was lost.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -239,7 +239,7 @@ def heartbeat_jobs(
 ) -> Update:
     """`heartbeat_job` for many (id, token) pairs in one statement; returns the pairs renewed.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -272,7 +272,7 @@ def complete_job(
 ) -> Update:
     """Mark a job ``succeeded``, fenced by status and token; returns its id if it matched.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -312,7 +312,7 @@ def complete_jobs(
     pairs (``conn.execute(stmt, {COMPLETION_IDS: ids, COMPLETION_TOKENS: tokens})``), which
     spares it building and compiling a statement per batch.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -371,7 +371,7 @@ def complete_and_claim_jobs(
     statement. The pairs travel in the `COMPLETION_IDS` / `COMPLETION_TOKENS` parameters, so
     the statement is built once and run again with new arrays.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.dialects import postgresql
