@@ -1,5 +1,6 @@
 """Sessions: ``nox -s tests`` (the test command), ``nox -s lint``, ``nox -s typecheck``, and
-``nox -s bench`` (the benchmark suite; not run by default).
+``nox -s docs`` (the documentation site) and ``nox -s bench`` (the benchmark suite); docs and
+bench are not run by default.
 
 The tests run against ``$SA_OUTBOX_TEST_DATABASE_URL`` when it is set, else against an
 embedded PostgreSQL (pgserver, installed by the ``test`` extra). Each session has its own
@@ -10,6 +11,7 @@ Example:
     nox -s "tests(sqlalchemy='2.1')"      # one of them
     nox -s tests -- -k demo -x            # arguments after -- go to pytest
     nox -s lint typecheck                 # ruff, lint-imports, mypy --strict
+    nox -s docs                           # mkdocs build --strict into site/
 """
 
 from __future__ import annotations
@@ -64,6 +66,17 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict on sa_outbox and alembic_ext (configured in pyproject.toml)."""
     session.install(".[test,typecheck]")
     session.run("mypy", "--strict", "-p", "sa_outbox", "-p", "alembic_ext")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the documentation site (mkdocs.yml) into site/, warnings as errors.
+
+    mkdocstrings reads the docstrings from the sources, so a broken link between pages or a
+    docstring it cannot render fails the session. Arguments after -- go to ``mkdocs build``.
+    """
+    session.install(".[docs]")
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"), *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -23,7 +23,7 @@ StorageArgument = Mapping[str, int | float | bool] | Literal["recommended"] | No
 class SupportsInvoke(Protocol):
     """What the plain functions need of ``op``: the ``alembic.op`` module or an `Operations`.
 
-    Example:
+    Examples:
         >>> from alembic import op
         >>> callable(op.invoke)
         True

@@ -26,7 +26,7 @@ class SetTableStorageOp(MigrateOperation):
     gets the settings (a partitioned table has none of its own). ``existing_storage`` is
     what the table had, for the reverse operation; autogenerate fills it in.
 
-    Example:
+    Examples:
         >>> SetTableStorageOp("jobs", {"fillfactor": 90}, existing_storage=None).reverse()
         SetTableStorageOp('jobs', None, schema=None, existing_storage={'fillfactor': 90})
     """

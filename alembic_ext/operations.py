@@ -73,7 +73,7 @@ __all__ = [
 class CreateJobQueueOp(_CreateOperation):
     """Create a job table: the ``job_status`` enum type, the table, its indexes, its trigger.
 
-    Example:
+    Examples:
         >>> CreateJobQueueOp("jobs", schema="work").reverse()
         DropJobQueueOp('jobs', schema='work')
     """
@@ -114,7 +114,7 @@ class DropJobQueueOp(_DropOperation):
     """Drop a job table (its indexes and trigger with it), the trigger's function, then its
     ``job_status`` type if unused.
 
-    Example:
+    Examples:
         >>> DropJobQueueOp("jobs").reverse()
         CreateJobQueueOp('jobs', schema=None)
     """
@@ -150,7 +150,7 @@ class DropJobQueueOp(_DropOperation):
 class CreateOutboxOp(_CreateOperation):
     """Create an outbox table and its indexes.
 
-    Example:
+    Examples:
         >>> CreateOutboxOp("outbox").reverse()
         DropOutboxOp('outbox', schema=None)
     """
@@ -186,7 +186,7 @@ class CreateOutboxOp(_CreateOperation):
 class DropOutboxOp(_DropOperation):
     """Drop an outbox table (its indexes with it).
 
-    Example:
+    Examples:
         >>> DropOutboxOp("outbox", schema="work").reverse()
         CreateOutboxOp('outbox', schema='work')
     """
@@ -404,7 +404,7 @@ class AddJobStatusValuesOp(MigrateOperation):
     cannot drop an enum value, so the reverse does nothing: a downgraded worker never writes
     the new state, and a row in it must be pruned or changed by hand.
 
-    Example:
+    Examples:
         >>> AddJobStatusValuesOp("jobs", schema="work")
         AddJobStatusValuesOp('jobs', schema='work')
     """

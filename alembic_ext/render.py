@@ -38,7 +38,7 @@ def render_operation(
 ) -> str:
     """The Python line for one of the library's operations, as autogenerate writes it.
 
-    Example:
+    Examples:
         >>> from alembic.autogenerate import render_python_code
         >>> from alembic.operations import ops
         >>> print(render_python_code(ops.UpgradeOps([CreateJobQueueOp("jobs", schema="work")])))
@@ -64,7 +64,7 @@ def render_operation(
 def render_set_table_storage(autogen_context: AutogenContext, operation: SetTableStorageOp) -> str:
     """``op.set_table_storage(...)``, as autogenerate writes it.
 
-    Example:
+    Examples:
         >>> from alembic.autogenerate import render_python_code
         >>> from alembic.operations import ops
         >>> op = SetTableStorageOp("jobs", {"fillfactor": 80}, existing_storage=None)

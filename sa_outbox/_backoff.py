@@ -23,7 +23,7 @@ class Backoff:
     reclaimer applies the same formula in SQL (`sql_delay`), so a job that kills its worker
     backs off exactly like one that raised.
 
-    Example:
+    Examples:
         >>> b = Backoff(base=1, max=300, jitter=0)
         >>> [b.delay(n).total_seconds() for n in (1, 2, 3, 10, 20)]
         [1.0, 2.0, 4.0, 300.0, 300.0]

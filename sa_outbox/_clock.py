@@ -22,7 +22,7 @@ from ._exceptions import InvalidArgument, InvalidArgumentType
 class Clock(Protocol):
     """Anything that can render "now" as a SQL expression.
 
-    Example:
+    Examples:
         >>> isinstance(DatabaseClock(), Clock)
         True
     """
@@ -35,7 +35,7 @@ class Clock(Protocol):
 class DatabaseClock:
     """The database server's transaction time, ``now()``; the default everywhere.
 
-    Example:
+    Examples:
         >>> str(DatabaseClock().sql_now())
         'now()'
     """
@@ -50,7 +50,7 @@ class DatabaseClock:
 class FakeClock:
     """A clock that only moves when told to; its time reaches SQL as a bind parameter.
 
-    Example:
+    Examples:
         >>> import datetime as dt
         >>> clock = FakeClock(dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc))
         >>> clock.advance(dt.timedelta(seconds=31))

@@ -72,7 +72,7 @@ def connect_args(
     '60s'``). LISTEN needs a direct connection then: give the worker and the relay
     ``listen_url=`` (docs/pgbouncer.md).
 
-    Example:
+    Examples:
         engine = create_engine(os.environ["DATABASE_URL"], connect_args=sa_outbox.connect_args())
         Worker(app, engine).run()
 
@@ -117,7 +117,7 @@ def listen_connect_args(dialect: Any, url: str | URL) -> tuple[list[Any], dict[s
     """``psycopg.connect(*args, **kwargs)`` for a ``listen_url``: its parameters, and the
     client-side timeouts of `connect_args` where the URL sets none.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.dialects.postgresql import psycopg
         >>> args, kwargs = listen_connect_args(
         ...     psycopg.dialect(), "postgresql+psycopg://app@db:5432/app?connect_timeout=3"
@@ -134,7 +134,7 @@ def listen_connect_args(dialect: Any, url: str | URL) -> tuple[list[Any], dict[s
 def check_listen_url(listen_url: str | URL | None) -> URL | None:
     """``listen_url`` parsed: a PostgreSQL URL (on psycopg 3, which LISTEN needs), or ``None``.
 
-    Example:
+    Examples:
         >>> check_listen_url("postgresql+psycopg://app@db:5432/app").host
         'db'
         >>> check_listen_url("sqlite://")

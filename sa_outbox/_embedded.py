@@ -93,7 +93,7 @@ def embedded_database_url(data_dir: str | Path | None = None) -> str:
     ends, while ``data_dir`` and its data are kept for the next run (delete the folder to
     drop them). Linux and macOS; needs ``pip install "sa-outbox[embedded]"``.
 
-    Example:
+    Examples:
         url = embedded_database_url()
         url.startswith("postgresql+psycopg://")
         # -> True

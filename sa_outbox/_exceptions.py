@@ -36,7 +36,7 @@ import uuid
 class SaOutboxError(Exception):
     """Root of every exception sa-outbox raises on purpose.
 
-    Example:
+    Examples:
         >>> try:
         ...     raise LeaseLost("job", uuid.UUID(int=1), uuid.UUID(int=2))
         ... except SaOutboxError as exc:
@@ -48,7 +48,7 @@ class SaOutboxError(Exception):
 class InvalidArgument(SaOutboxError, ValueError):
     """A value the library cannot accept (negative batch, bad identifier, …).
 
-    Example:
+    Examples:
         >>> raise InvalidArgument("batch must be between 1 and 10000, got 0")
         Traceback (most recent call last):
         ...
@@ -59,7 +59,7 @@ class InvalidArgument(SaOutboxError, ValueError):
 class InvalidArgumentType(SaOutboxError, TypeError):
     """An argument of a type the library does not take (a dict as a queue filter, …).
 
-    Example:
+    Examples:
         >>> raise InvalidArgumentType("queues must be a str, got int")
         Traceback (most recent call last):
         ...
@@ -70,7 +70,7 @@ class InvalidArgumentType(SaOutboxError, TypeError):
 class PayloadNotSerializable(InvalidArgumentType):
     """A payload that JSON cannot encode; the message names the job kind or event type.
 
-    Example:
+    Examples:
         >>> raise PayloadNotSerializable("payload of job kind 'x' is not JSON")
         Traceback (most recent call last):
         ...
@@ -81,7 +81,7 @@ class PayloadNotSerializable(InvalidArgumentType):
 class PayloadTooLarge(InvalidArgument):
     """A serialised payload larger than the configured limit.
 
-    Example:
+    Examples:
         >>> raise PayloadTooLarge("payload of job kind 'x' is 2000000 bytes")
         Traceback (most recent call last):
         ...
@@ -101,7 +101,7 @@ class LeaseLost(SaOutboxError):
         id: the row's primary key.
         token: the lease (or relay) token that no longer matches.
 
-    Example:
+    Examples:
         >>> err = LeaseLost("job", uuid.UUID(int=1), uuid.UUID(int=2), action="complete")
         >>> print(err)  # doctest: +NORMALIZE_WHITESPACE
         cannot complete job 00000000-0000-0000-0000-000000000001: lease token

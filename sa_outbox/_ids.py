@@ -29,7 +29,7 @@ def uuid7() -> uuid.UUID:
     Ids made by one process are strictly increasing (the counter orders ids of the same
     millisecond; on overflow or a clock step back, the millisecond is carried forward).
 
-    Example:
+    Examples:
         >>> a, b = uuid7(), uuid7()
         >>> a.version, a < b
         (7, True)
@@ -74,7 +74,7 @@ def uuid7_ints(count: int) -> list[int]:
     ``os.urandom`` call for the lot), without building ``uuid.UUID`` objects, which cost more
     than the value itself when a statement only needs the value.
 
-    Example:
+    Examples:
         >>> a, b = uuid7_ints(2)
         >>> uuid.UUID(int=a).version, a < b < uuid7().int
         (7, True)
@@ -100,7 +100,7 @@ def uuid7_hex(count: int) -> list[str]:
     Built a block at a time in C (arrays, ``bytes.translate``, ``bytes.hex``) rather than by
     formatting ``count`` 128-bit ints: about a quarter of the cost, for `enqueue_copy`.
 
-    Example:
+    Examples:
         >>> a, b = uuid7_hex(2)
         >>> len(a), uuid.UUID(a).version, a < b < uuid7().hex
         (32, 7, True)

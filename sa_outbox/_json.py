@@ -53,7 +53,7 @@ DEEP_TEXT = 2 * MAX_DEPTH + 1
 def compact_json(value: Any) -> str:
     """JSON without spaces, refusing NaN and Infinity (jsonb rejects them too).
 
-    Example:
+    Examples:
         >>> compact_json({"a": [1, "é"]})
         '{"a":[1,"é"]}'
     """
@@ -97,7 +97,7 @@ def prebuilt_encoder(dumps: Any) -> Callable[[Any, int], Any] | None:
     ``ValueError`` or ``RecursionError`` (a circular payload) where `compact_json` raises.
     ``None`` when there is no C encoder or ``dumps`` is another function.
 
-    Example:
+    Examples:
         >>> encode = prebuilt_encoder(fast_compact_json)
         >>> encode is None or "".join(encode({"a": [1, None]}, 0)) == '{"a":[1,null]}'
         True
@@ -110,7 +110,7 @@ def prebuilt_encoder(dumps: Any) -> Callable[[Any, int], Any] | None:
 def fast_compact_json(value: Any) -> str:
     """The same text as `compact_json` (``separators=(",", ":")``, UTF-8, no NaN).
 
-    Example:
+    Examples:
         >>> fast_compact_json({})
         '{}'
     """
@@ -129,7 +129,7 @@ def may_be_unstorable(text: str) -> bool:
     ``\\u`` escape (or raw, from a ``dumps`` of the user's own), and ``MAX_DEPTH`` levels of
     nesting need more than ``MAX_DEPTH`` brackets. ``True`` means "ask `unstorable_at`".
 
-    Example:
+    Examples:
         >>> may_be_unstorable('{"to":"ana@example.com"}')
         False
         >>> may_be_unstorable('{"to":"ana\\\\u0000"}')
@@ -142,7 +142,7 @@ def may_be_unstorable_utf8(text: str) -> bool:
     """`may_be_unstorable` for a ``text`` known to encode to UTF-8 (it was encoded already,
     or the whole stream will be, and a failure there is checked on its own).
 
-    Example:
+    Examples:
         >>> may_be_unstorable_utf8("[" * 101 + "]" * 101), may_be_unstorable_utf8("[1, 2]")
         (True, False)
     """
@@ -187,7 +187,7 @@ class Unstorable(NamedTuple):
     """What `unstorable_at` found: where, what is wrong, and whether it is an encoding
     problem (a lone surrogate, which UTF-8 cannot encode) rather than a value jsonb refuses.
 
-    Example:
+    Examples:
         >>> Unstorable("$.to", "is nested more than 100 levels deep", False).path
         '$.to'
     """
@@ -253,7 +253,7 @@ def nests_deeper(text: str, limit: int = MAX_DEPTH) -> bool:
     level, the innermost pairs. All of it runs in C: a wide payload (thousands of small
     objects side by side) is measured in a few passes over its brackets.
 
-    Example:
+    Examples:
         >>> nests_deeper('[{"a":"[[[["}]', limit=2), nests_deeper("[[[1]]]", limit=2)
         (False, True)
     """
@@ -294,7 +294,7 @@ def unstorable_at(text: str | None, value: Any = None) -> Unstorable | None:
     when the text is too deep to parse back; either way, a payload that deep is refused.
     Slow: call it when `may_be_unstorable` says so.
 
-    Example:
+    Examples:
         >>> unstorable_at('{"to":["a","b","c\\\\u0000"]}').path
         '$.to[2]'
         >>> unstorable_at('{"a":"\\\\ud800"}').problem

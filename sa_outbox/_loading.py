@@ -16,7 +16,7 @@ __all__ = ["import_target", "load_instance"]
 def import_target(target: str, *, example: str = "myapp.tasks:app") -> object:
     """The object at ``module:attribute``; the attribute may be dotted, the cwd is importable.
 
-    Example:
+    Examples:
         >>> import_target("json:dumps").__name__
         'dumps'
     """
@@ -42,7 +42,7 @@ def load_instance(
 ) -> Any:
     """The instance of ``kinds`` at ``target``, or made by a function of no arguments there.
 
-    Example:
+    Examples:
         >>> load_instance("json:loads", dict, "a dict", example="m:d")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...

@@ -57,7 +57,7 @@ def through_pooler(connection: Any) -> bool:
     a pooler sends one of its own making, which ``pg_backend_pid()`` then contradicts. One
     round trip; run it on a connection in autocommit mode or in a transaction of its own.
 
-    Example:
+    Examples:
         conn = psycopg.connect(url, autocommit=True)
         if through_pooler(conn):
             print("PgBouncer or another pooler is in between")
@@ -73,7 +73,7 @@ def through_pooler(connection: Any) -> bool:
 async def athrough_pooler(connection: Any) -> bool:
     """`through_pooler` for a psycopg ``AsyncConnection``.
 
-    Example:
+    Examples:
         conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
         if await athrough_pooler(conn):
             print("PgBouncer or another pooler is in between")
@@ -94,7 +94,7 @@ def prepare_nothing_behind_a_pooler(engine: Engine) -> None:
     Costs one ``SELECT pg_backend_pid()`` per new connection. For an async engine, pass
     its ``sync_engine``.
 
-    Example:
+    Examples:
         engine = create_engine(url, connect_args=connect_args())
         prepare_nothing_behind_a_pooler(engine)
     """
@@ -123,7 +123,7 @@ class NotifyProbe:
     through the engine (`PROBE_NOTIFY_SQL`), calls `start`, bounds its waits with `timeout`,
     hands every notification's channel to `seen`, and checks `expired` after each wait.
 
-    Example:
+    Examples:
         >>> now = [0.0]
         >>> probe = NotifyProbe(timer=lambda: now[0])
         >>> probe.start(); now[0] = 5.0
@@ -146,7 +146,7 @@ class NotifyProbe:
     def listen_sql(self) -> str:
         """``LISTEN`` on the probe's channel.
 
-        Example:
+        Examples:
             >>> NotifyProbe().listen_sql().startswith('LISTEN "sa_outbox_probe_')
             True
         """
@@ -155,7 +155,7 @@ class NotifyProbe:
     def start(self) -> None:
         """The test notification was sent: its time starts now.
 
-        Example:
+        Examples:
             >>> probe = NotifyProbe(seconds=3.0, timer=lambda: 10.0)
             >>> probe.start(); probe.timeout(30.0)
             3.0
@@ -165,7 +165,7 @@ class NotifyProbe:
     def seen(self, channel: str) -> bool:
         """Whether a notification on ``channel`` is the probe's (then not the caller's).
 
-        Example:
+        Examples:
             >>> probe = NotifyProbe()
             >>> probe.seen("public.outbox"), probe.seen(probe.channel), probe.passed
             (False, True, True)
@@ -178,7 +178,7 @@ class NotifyProbe:
     def timeout(self, default: float) -> float:
         """How long the next wait may last: ``default``, or less while the probe waits.
 
-        Example:
+        Examples:
             >>> now = [0.0]
             >>> probe = NotifyProbe(seconds=3.0, timer=lambda: now[0])
             >>> probe.timeout(30.0)  # not started: no bound
@@ -193,7 +193,7 @@ class NotifyProbe:
     def expired(self) -> bool:
         """True once, the first time it is asked after the deadline with nothing arrived.
 
-        Example:
+        Examples:
             >>> now = [0.0]
             >>> probe = NotifyProbe(seconds=3.0, timer=lambda: now[0])
             >>> probe.start(); now[0] = 3.0

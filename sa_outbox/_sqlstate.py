@@ -61,7 +61,7 @@ def is_configuration_error(error: BaseException) -> bool:
     """Whether ``error`` says the database URL names a database, role or password that
     does not work (retrying cannot help).
 
-    Example:
+    Examples:
         >>> is_configuration_error(OSError('FATAL:  database "nope" does not exist'))
         True
     """
@@ -74,7 +74,7 @@ def is_configuration_error(error: BaseException) -> bool:
 def is_transient(error: BaseException) -> bool:
     """Whether a database error is worth retrying after a wait (see the module's doc).
 
-    Example:
+    Examples:
         >>> is_transient(PoolTimeout("QueuePool limit reached"))
         True
     """
@@ -96,7 +96,7 @@ def is_transient(error: BaseException) -> bool:
 def is_bad_data(error: BaseException) -> bool:
     """Whether the database refused a statement's own values (see the module's doc).
 
-    Example:
+    Examples:
         >>> is_bad_data(ValueError("no"))
         False
     """

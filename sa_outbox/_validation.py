@@ -82,7 +82,7 @@ def shown(value: str, limit: int = 40) -> str:
     ``repr`` writes a NUL, a lone surrogate or a control character as an escape, so the
     message itself is always text PostgreSQL can store (a worker keeps it in ``last_error``).
 
-    Example:
+    Examples:
         >>> shown("a\\x00b"), shown("x" * 100, limit=5)
         ("'a\\\\x00b'", "'xxxxx…'")
     """
@@ -92,7 +92,7 @@ def shown(value: str, limit: int = 40) -> str:
 def is_utf8(value: str) -> bool:
     """Whether UTF-8 can encode ``value`` (it holds no lone surrogate).
 
-    Example:
+    Examples:
         >>> is_utf8("é 😀"), is_utf8("\\ud800")
         (True, False)
     """
@@ -106,7 +106,7 @@ def is_utf8(value: str) -> bool:
 def unstorable(value: str) -> str | None:
     """What makes ``value`` text PostgreSQL cannot store, or ``None`` when it can.
 
-    Example:
+    Examples:
         >>> unstorable("fine"), unstorable("a\\x00b")
         (None, 'contains a NUL character (\\\\u0000) at index 1, which PostgreSQL cannot store')
         >>> unstorable("\\ud800")
@@ -126,7 +126,7 @@ def unstorable(value: str) -> str | None:
 def storable(value: str, what: str) -> str:
     """``value`` if PostgreSQL can store it as text (`unstorable`), else `InvalidArgument`.
 
-    Example:
+    Examples:
         >>> storable("a\\x00", "deduplication_key")
         Traceback (most recent call last):
         ...
@@ -143,7 +143,7 @@ def storable_text(value: str) -> str:
     lone surrogate as ``\\udc80``. For free text such as an error message kept in
     ``last_error``, where an escaped byte beats a write that fails.
 
-    Example:
+    Examples:
         >>> print(storable_text("bad \\x00 byte \\udc80"), storable_text("fine é"))
         bad \\x00 byte \\udc80 fine é
     """
@@ -157,7 +157,7 @@ def storable_text(value: str) -> str:
 def text(value: object, what: str) -> str:
     """A non-empty str PostgreSQL can store (`storable`).
 
-    Example:
+    Examples:
         >>> text("worker-1", "worker_id")
         'worker-1'
     """
@@ -178,7 +178,7 @@ def name(value: object, what: str) -> str:
     """A job kind, queue, event type or aggregate type: `text`, not blank, at most
     `MAX_NAME_LENGTH` characters.
 
-    Example:
+    Examples:
         >>> name("x" * 129, "kind")
         Traceback (most recent call last):
         ...
@@ -196,7 +196,7 @@ is 129 characters long, over the limit of 128
 def is_name(value: object) -> bool:
     """Whether `name` accepts ``value`` as it is: the cheap test of the bulk paths.
 
-    Example:
+    Examples:
         >>> is_name("send-email"), is_name(" "), is_name("a\\x00")
         (True, False, False)
     """
@@ -212,7 +212,7 @@ def is_name(value: object) -> bool:
 def key(value: object, what: str, maximum: int) -> str:
     """A deduplication key or an aggregate id: `text` of at most ``maximum`` characters.
 
-    Example:
+    Examples:
         >>> key("welcome:ana", "deduplication_key", MAX_DEDUPLICATION_KEY_LENGTH)
         'welcome:ana'
     """

@@ -43,7 +43,7 @@ _SYNC_DRIVER = {"": "psycopg", "psycopg_async": "psycopg", "asyncpg": "psycopg"}
 class CommandError(SaOutboxError):
     """A command could not do its work; ``main`` prints the message and exits with 1.
 
-    Example:
+    Examples:
         >>> str(CommandError("cannot connect"))
         'cannot connect'
     """
@@ -57,7 +57,7 @@ def database_url(raw: str) -> URL:
     ``postgres://`` and ``postgresql://`` (as many hosts hand them out) and the asyncio
     drivers become ``postgresql+psycopg://``; other databases are refused.
 
-    Example:
+    Examples:
         >>> database_url("postgres://app:secret@db:5432/app").render_as_string()
         'postgresql+psycopg://app:***@db:5432/app'
         >>> database_url("sqlite:///app.db")
@@ -141,7 +141,7 @@ def _seconds(value: str, *, allow_zero: bool) -> float:
 def positive_seconds(value: str) -> float:
     """A command's number of seconds: finite and more than zero (``nan``, ``inf`` refused).
 
-    Example:
+    Examples:
         >>> positive_seconds("2.5")
         2.5
         >>> positive_seconds("inf")
@@ -155,7 +155,7 @@ def positive_seconds(value: str) -> float:
 def seconds_or_zero(value: str) -> float:
     """A command's number of seconds where 0 means "none at all": finite and not negative.
 
-    Example:
+    Examples:
         >>> seconds_or_zero("0")
         0.0
         >>> seconds_or_zero("nan")
@@ -185,7 +185,7 @@ def _import_target(target: str) -> object:
 def load_table(target: str) -> Table:
     """The table of the model (or `Table`, or `JobApp`) at ``module:attribute``.
 
-    Example:
+    Examples:
         >>> load_table("json:dumps")
         Traceback (most recent call last):
         ...
@@ -206,7 +206,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 def parse_duration(value: str) -> dt.timedelta:
     """A duration as the commands take it: a whole number above 0 and a unit (s, m, h, d, w).
 
-    Example:
+    Examples:
         >>> parse_duration("7d"), parse_duration("90s")
         (datetime.timedelta(days=7), datetime.timedelta(seconds=90))
         >>> parse_duration("7 days")
@@ -239,7 +239,7 @@ def given_database_url(given: str | None) -> str | None:
     else ``$DATABASE_URL`` (the variable applications and the README's code read). ``None``
     when there is none (``demo`` then starts an embedded PostgreSQL; the others refuse).
 
-    Example:
+    Examples:
         >>> given_database_url("postgresql://app@db/app")
         'postgresql://app@db/app'
     """
@@ -254,7 +254,7 @@ def given_listen_url(given: str | None) -> str | None:
     ``$SA_OUTBOX_LISTEN_URL``; ``None``: they LISTEN through the database URL. Checked and
     named with its driver as `database_url` does.
 
-    Example:
+    Examples:
         >>> given_listen_url("postgresql://app@db-direct:5432/app")
         'postgresql+psycopg://app@db-direct:5432/app'
     """

@@ -92,7 +92,7 @@ class PermanentJobError(Exception):
 
     Any other exception a handler raises counts as transient: the job is retried with backoff.
 
-    Example:
+    Examples:
         >>> str(PermanentJobError("invalid recipient"))
         'invalid recipient'
     """
@@ -105,7 +105,7 @@ Handler = Callable[[Any], None]
 class FailedJob:
     """A job that ended ``failed``, as read back from the table.
 
-    Example:
+    Examples:
         >>> FailedJob(uuid.UUID(int=1), "send-email", "invalid recipient").kind
         'send-email'
     """
@@ -119,7 +119,7 @@ class FailedJob:
 class PublishedMessage:
     """What the demo's in-process broker received for one outbox event.
 
-    Example:
+    Examples:
         >>> PublishedMessage("0190", "DemoJobsEnqueued", {"jobs": 3}).event_type
         'DemoJobsEnqueued'
     """
@@ -133,7 +133,7 @@ class PublishedMessage:
 class DemoReport:
     """What a demo run did, with the job counts read back from the database at the end.
 
-    Example:
+    Examples:
         >>> report = DemoReport(enqueued=3, deduplicated=1, worked=3, seconds=0.5,
         ...                     counts={}, failed=[], published=[], lost=0)
         >>> report.jobs_per_second
@@ -158,7 +158,7 @@ class DemoReport:
 def send_email(payload: Any) -> None:
     """The demo's ``send-email`` handler: rejects a recipient that is not an address.
 
-    Example:
+    Examples:
         >>> send_email({"to": "ana@example.com"})
         >>> send_email({"to": "nobody"})
         Traceback (most recent call last):
@@ -173,7 +173,7 @@ def send_email(payload: Any) -> None:
 def resize_image(payload: Any) -> None:
     """The demo's ``resize-image`` handler: checks the requested width.
 
-    Example:
+    Examples:
         >>> resize_image({"image_id": 7, "width": 320})
     """
     if int(payload["width"]) <= 0:
@@ -186,7 +186,7 @@ HANDLERS: Mapping[str, Handler] = {"send-email": send_email, "resize-image": res
 def demo_jobs(count: int) -> list[NewJob]:
     """``count`` good jobs, then one that repeats a deduplication key, then one bad job.
 
-    Example:
+    Examples:
         >>> for job in demo_jobs(2):
         ...     print(job.kind, job.deduplication_key, job.payload)
         send-email welcome:user0 {'to': 'user0@example.com'}
@@ -211,7 +211,7 @@ def demo_jobs(count: int) -> list[NewJob]:
 def demo_schema_lock(engine: Engine) -> Iterator[None]:
     """Hold the advisory lock that gives one demo at a time the ``sa_outbox_demo`` schema.
 
-    Example:
+    Examples:
         with demo_schema_lock(engine):
             pass
     """
@@ -286,7 +286,7 @@ def run_demo(engine: Engine, *, jobs: int, worker_id: str | None = None) -> Demo
     The schema ``sa_outbox_demo`` is dropped and created again first; the run holds an
     advisory lock, so concurrent demos on the same database wait for each other.
 
-    Example:
+    Examples:
         report = run_demo(engine, jobs=10)
         report.enqueued, report.deduplicated
         # -> (11, 1)
@@ -336,7 +336,7 @@ def run_demo(engine: Engine, *, jobs: int, worker_id: str | None = None) -> Demo
 def format_report(report: DemoReport, *, database: str, inspectable: bool = True) -> str:
     """The human summary ``sa-outbox demo`` prints (``inspectable``: the tables outlive it).
 
-    Example:
+    Examples:
         >>> report = DemoReport(
         ...     enqueued=3, deduplicated=1, worked=3, seconds=0.5,
         ...     counts={JobStatus.PENDING: 0, JobStatus.RUNNING: 0, JobStatus.SUCCEEDED: 2,

@@ -284,7 +284,7 @@ def _not_json_constant(name: str) -> Any:
 def json_payload(value: str) -> Any:
     """A job payload given on the command line: a JSON text (``NaN``, ``Infinity`` refused).
 
-    Example:
+    Examples:
         >>> json_payload('{"order_id": 42}')
         {'order_id': 42}
         >>> json_payload("{order_id: 42}")
@@ -301,7 +301,7 @@ def json_payload(value: str) -> Any:
 def aware_timestamp(value: str) -> dt.datetime:
     """An ISO 8601 time with its zone (``Z`` or ``+02:00``), as ``--run-at`` takes it.
 
-    Example:
+    Examples:
         >>> aware_timestamp("2030-01-01T09:00:00Z")
         datetime.datetime(2030, 1, 1, 9, 0, tzinfo=datetime.timezone.utc)
         >>> aware_timestamp("2030-01-01T09:00:00")

@@ -113,7 +113,7 @@ def _add_commands(
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``sa-outbox``, with one subparser per command.
 
-    Example:
+    Examples:
         >>> build_parser().prog
         'sa-outbox'
     """
@@ -145,7 +145,7 @@ def build_admin_parser(prog: str) -> argparse.ArgumentParser:
     """A parser of the commands that see and steer a queue (``status``, ``queues``,
     ``jobs``, ``outbox``) under another program's name, for `run_admin`.
 
-    Example:
+    Examples:
         >>> build_admin_parser("flask").parse_args(["jobs", "list", "--status", "failed"]).status
         'failed'
     """
@@ -175,7 +175,7 @@ def run_admin(
     still win); ``engine`` is used unless ``--database-url`` is given. Returns the exit
     status, as `main` does.
 
-    Example:
+    Examples:
         @app.cli.command("status", context_settings={"ignore_unknown_options": True})
         @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
         def status(argv):
@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ``--help``, ``--version`` and usage errors exit through `SystemExit`, as argparse does.
 
-    Example:
+    Examples:
         >>> main(["demo", "--database-url", "sqlite://"])
         1
     """

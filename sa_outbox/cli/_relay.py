@@ -138,7 +138,7 @@ def load_relay_target(
     ``database_url`` is the ``--database-url`` argument (``None``: the environment's, read
     only when TARGET is a function of an engine).
 
-    Example:
+    Examples:
         >>> load_relay_target("json:dumps", None)
         Traceback (most recent call last):
         ...

@@ -13,7 +13,7 @@ from ..queue import as_plain
 def age(value: dt.timedelta | None) -> str:
     """A duration as an operator reads it: ``45s``, ``2m05s``, ``3h07m``, ``2d04h``.
 
-    Example:
+    Examples:
         >>> age(dt.timedelta(seconds=125)), age(dt.timedelta(days=2, hours=4)), age(None)
         ('2m05s', '2d04h', '-')
     """
@@ -35,7 +35,7 @@ def age(value: dt.timedelta | None) -> str:
 def moment(value: dt.datetime | None) -> str:
     """A time in UTC to the second: ``2030-01-01 09:00:00``.
 
-    Example:
+    Examples:
         >>> moment(dt.datetime(2030, 1, 1, 9, 0, 0, 5, tzinfo=dt.UTC)), moment(None)
         ('2030-01-01 09:00:00', '-')
     """
@@ -47,7 +47,7 @@ def moment(value: dt.datetime | None) -> str:
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: int = 0) -> str:
     """Columns aligned with two spaces between; the last ``right`` columns right-aligned.
 
-    Example:
+    Examples:
         >>> print(table(["queue", "jobs"], [["default", 3], ["emails", 12]], right=1))
         queue    jobs
         default     3
@@ -69,7 +69,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: in
 def as_json(value: Any) -> str:
     """A result as one line of JSON (times ISO 8601, ages in seconds, ids as text).
 
-    Example:
+    Examples:
         >>> as_json({"age": dt.timedelta(seconds=1.5), "at": None})
         '{"age": 1.5, "at": null}'
     """
@@ -79,7 +79,7 @@ def as_json(value: Any) -> str:
 def span(value: dt.timedelta) -> str:
     """A window as ``1h``, ``5m``, ``1m30s``: `age` without its zero tail.
 
-    Example:
+    Examples:
         >>> span(dt.timedelta(hours=1)), span(dt.timedelta(seconds=90))
         ('1h', '1m30s')
     """
@@ -93,7 +93,7 @@ def span(value: dt.timedelta) -> str:
 def format_record(found: dict[str, Any], *, long: tuple[str, ...]) -> str:
     """A row as ``name: value`` lines, the ``long`` columns last and whole.
 
-    Example:
+    Examples:
         >>> print(format_record({"id": 1, "payload": {"a": 1}, "kind": "ping"}, long=("payload",)))
         id:      1
         kind:    ping
@@ -129,7 +129,7 @@ SHOWN_IDS = 20
 def listed_ids(ids: list[Any]) -> str:
     """The ids a retry changed, one a line, the first `SHOWN_IDS` only.
 
-    Example:
+    Examples:
         >>> print(listed_ids(list(range(22))))  # doctest: +ELLIPSIS
           0
           1
@@ -147,7 +147,7 @@ def format_retried(retried: list[Any], *, in_json: bool, nothing: str, done: str
     """What a retry prints: ``{"retried": [...]}`` with ``in_json``, else ``nothing`` when
     none changed, else ``done`` and the ids (`listed_ids`).
 
-    Example:
+    Examples:
         >>> print(format_retried([1], in_json=False, nothing="none", done="retried 1:"))
         retried 1:
           1

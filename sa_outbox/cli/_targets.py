@@ -30,7 +30,7 @@ _OUTBOX_COLUMNS = frozenset({"id", "seq", "event_type", "published_at", "parked_
 class Preset:
     """What an application embedding the commands already knows: its engine and models.
 
-    Example:
+    Examples:
         >>> Preset().jobs is None
         True
     """
@@ -55,7 +55,7 @@ def _qualified(value: str) -> tuple[str | None, str]:
 def table_name(value: str) -> str:
     """A ``[SCHEMA.]TABLE`` argument, checked for shape only (the database says if it exists).
 
-    Example:
+    Examples:
         >>> table_name("work.jobs")
         'work.jobs'
         >>> table_name("work.")
@@ -70,7 +70,7 @@ def table_name(value: str) -> str:
 def job_id(value: str) -> uuid.UUID:
     """A job or event id on the command line: a UUID.
 
-    Example:
+    Examples:
         >>> job_id("00000000-0000-0000-0000-000000000001").int
         1
         >>> job_id("42")

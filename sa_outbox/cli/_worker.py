@@ -136,7 +136,7 @@ def load_target(target: str) -> JobApp:
 
     The attribute may be a dotted path, or a function of no arguments returning the app.
 
-    Example:
+    Examples:
         >>> load_target("json:dumps")
         Traceback (most recent call last):
         ...

@@ -42,7 +42,7 @@ def event_row(event: Any, *, provisional: bool = False) -> NewEvent:
     Decimals and enums as their JSON-friendly forms. A value JSON cannot hold raises
     `PayloadNotSerializable` naming the event class and the field.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox import OutboxMixin
         >>> class Base(DeclarativeBase): pass
@@ -184,7 +184,7 @@ def decode_event(model: type, row: Any, *, session: Any = None) -> Any:
     An entity field comes back as the entity when a ``session`` is given (loaded with
     ``session.get``), else as its primary key.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox import OutboxMixin, ClaimedEvent
         >>> class Base(DeclarativeBase): pass

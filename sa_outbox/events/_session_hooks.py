@@ -160,7 +160,7 @@ def install(target: Any, *, job_model: type | None = None) -> None:
     is harmless. ``job_model`` names the job model `enqueue` uses on these sessions
     (needed only when the application maps more than one).
 
-    Example:
+    Examples:
         from sqlalchemy.orm import sessionmaker
         import sa_outbox
 
@@ -309,7 +309,7 @@ def enqueue(
     Given an `Engine` (``AsyncEngine``) instead, the job is one autocommit ``INSERT`` of its
     own, committed when this returns (`JobQueue.enqueue`).
 
-    Example:
+    Examples:
         with Session(engine) as session, session.begin():
             session.add(order)
             session.flush()

@@ -36,7 +36,7 @@ class TableHealth:
     (outbox) to a count. Statistics are ``None`` where PostgreSQL has none yet.
     ``oldest_pending_age`` is set for a job table only (``None`` when nothing is ready).
 
-    Example:
+    Examples:
         >>> TableHealth("jobs", {"pending": 1}, 1, 0, None, None, None, None, 8192, 0, 8192)
         ... # doctest: +ELLIPSIS
         TableHealth(table='jobs', rows={'pending': 1}, live_tuples=1, dead_tuples=0, ...)
@@ -63,7 +63,7 @@ class XminHolder:
     ``xmin_age`` is in transactions (``age(backend_xmin)``); ``transaction_age`` is how long
     its transaction has been open.
 
-    Example:
+    Examples:
         >>> XminHolder(4242, "idle in transaction", 12, None, None, None).pid
         4242
     """
@@ -80,7 +80,7 @@ class XminHolder:
 class HealthReport:
     """`table_health`'s answer: the tables asked for and the xmin holders, oldest first.
 
-    Example:
+    Examples:
         >>> HealthReport(jobs=None, outbox=None, xmin_holders=[]).oldest_xmin is None
         True
     """
@@ -108,7 +108,7 @@ def table_health(
     Only reads; run it on its own connection (it opens a transaction, as any query does).
     On an `AsyncConnection`: ``await conn.run_sync(lambda c: table_health(c, jobs=Job))``.
 
-    Example:
+    Examples:
         with engine.connect() as conn:
             report = table_health(conn, jobs=Job)
         report.jobs.rows["pending"], report.jobs.oldest_pending_age

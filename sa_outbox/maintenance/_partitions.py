@@ -73,7 +73,7 @@ class PartitionReport:
     the next run because a lock was not granted within ``lock_timeout``; ``skipped``:
     another maintainer held the table's lock, so nothing was done.
 
-    Example:
+    Examples:
         >>> PartitionReport("jobs", created=["jobs_p20300104"]).created
         ['jobs_p20300104']
     """
@@ -309,7 +309,7 @@ def maintain_partitions(
     tests). Run it from cron, a worker's schedule or ``sa-outbox partitions maintain``:
     one maintainer at a time works on a table, any other returns at once (``skipped``).
 
-    Example:
+    Examples:
         report = maintain_partitions(engine, Job, retention=dt.timedelta(days=7))
         report.created, report.dropped, report.kept
     """
@@ -339,7 +339,7 @@ async def amaintain_partitions(
 ) -> PartitionReport:
     """`maintain_partitions` on an `AsyncEngine`.
 
-    Example:
+    Examples:
         report = await amaintain_partitions(async_engine, Job, retention=7 * 86400)
     """
     plan = _plan(table_or_model, ahead, retention, clock, lock_timeout)

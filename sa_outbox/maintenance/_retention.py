@@ -47,7 +47,7 @@ class Retention:
     ``published`` from an event's ``published_at``. ``batch`` rows are deleted per
     transaction; ``interval`` is how often a `Worker` given this policy prunes.
 
-    Example:
+    Examples:
         >>> Retention(succeeded=3600, failed=None).succeeded
         datetime.timedelta(seconds=3600)
     """
@@ -70,7 +70,7 @@ class Retention:
     def window(self, name: str) -> dt.timedelta | None:
         """The window of ``"succeeded"``, ``"failed"``, ``"cancelled"`` or ``"published"``.
 
-        Example:
+        Examples:
             >>> Retention(published=60).window("published")
             datetime.timedelta(seconds=60)
         """
@@ -85,7 +85,7 @@ class PruneReport:
 
     ``skipped`` names the tables whose lock another pruner held (this round left them).
 
-    Example:
+    Examples:
         >>> report = PruneReport(succeeded=3, failed=1, published=2, batches=3)
         >>> report.deleted
         6
@@ -176,7 +176,7 @@ class Pruner(_Base):
     rows, for each of succeeded, failed and cancelled jobs and published events whose window is not
     ``None``. ``progress(table, what, deleted, report)`` is called after every batch.
 
-    Example:
+    Examples:
         pruner = Pruner(engine, jobs=Job, retention=Retention(succeeded=86400, failed=None))
         report = pruner.run_once()   # PruneReport(succeeded=..., batches=...)
     """
@@ -217,7 +217,7 @@ class Pruner(_Base):
 class AsyncPruner(_Base):
     """`Pruner` for asyncio, on an `AsyncEngine`.
 
-    Example:
+    Examples:
         pruner = AsyncPruner(async_engine, jobs=Job, outbox=OutboxEvent)
         report = await pruner.run_once()
     """

@@ -51,7 +51,7 @@ class VacuumPolicy:
     hundred pages of dead entries on a small table, and cost one statistics query every two
     seconds while the queue is quiet.
 
-    Example:
+    Examples:
         >>> VacuumPolicy(threshold=5000, interval=1).interval
         datetime.timedelta(seconds=1)
         >>> VacuumPolicy().dead_tuples_allowed(live=1_000_000)
@@ -73,7 +73,7 @@ class VacuumPolicy:
     def dead_tuples_allowed(self, live: int) -> int:
         """How many dead tuples a table of ``live`` live tuples may hold before a vacuum.
 
-        Example:
+        Examples:
             >>> VacuumPolicy(threshold=100, scale=0.5).dead_tuples_allowed(live=1000)
             600
         """
@@ -83,7 +83,7 @@ class VacuumPolicy:
     def interval_seconds(self) -> float:
         """``interval`` in seconds.
 
-        Example:
+        Examples:
             >>> VacuumPolicy(interval=0.5).interval_seconds
             0.5
         """
@@ -99,7 +99,7 @@ DEFAULT_VACUUM = VacuumPolicy()
 class VacuumReport:
     """What one round did: tables vacuumed, their dead tuples before, tables not owned.
 
-    Example:
+    Examples:
         >>> VacuumReport(vacuumed=["public.jobs"], dead_tuples={"public.jobs": 12000})
         VacuumReport(vacuumed=['public.jobs'], dead_tuples={'public.jobs': 12000}, not_owned=[])
     """
@@ -136,7 +136,7 @@ class _Base:
     def due(self) -> bool:
         """Whether ``interval`` has passed since the last round (always true at first).
 
-        Example:
+        Examples:
             vacuumer.due() and vacuumer.run_once()
         """
         return self._next_check is None or self._timer() >= self._next_check
@@ -166,7 +166,7 @@ class Vacuumer(_Base):
     ``run_once`` checks now; `due` says whether ``policy.interval`` has passed, for a loop
     that calls it often. Each ``VACUUM`` runs on its own autocommit connection.
 
-    Example:
+    Examples:
         vacuumer = Vacuumer(engine, Job)
         if vacuumer.due():
             report = vacuumer.run_once()
@@ -198,7 +198,7 @@ class Vacuumer(_Base):
 class AsyncVacuumer(_Base):
     """`Vacuumer` for asyncio, on an `AsyncEngine`.
 
-    Example:
+    Examples:
         vacuumer = AsyncVacuumer(async_engine, Job)
         report = await vacuumer.run_once()
     """

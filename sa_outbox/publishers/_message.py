@@ -32,7 +32,7 @@ __all__ = ["body_of", "envelope_of", "message_headers"]
 def body_of(event: ClaimedEvent) -> bytes:
     """The event's payload as compact UTF-8 JSON.
 
-    Example:
+    Examples:
         body = body_of(event)  # b'{"total_cents":1200}'
     """
     return compact_json(event.payload).encode()
@@ -45,7 +45,7 @@ def _header_value(value: Any) -> str:
 def message_headers(event: ClaimedEvent) -> dict[str, str]:
     """The event's own headers (non-strings as JSON) and its identity, all as strings.
 
-    Example:
+    Examples:
         headers = message_headers(event)  # {"outbox-id": "0190…", "outbox-seq": "7", …}
     """
     headers = {str(k): _header_value(v) for k, v in (event.headers or {}).items()}
@@ -66,7 +66,7 @@ def message_headers(event: ClaimedEvent) -> dict[str, str]:
 def envelope_of(event: ClaimedEvent) -> dict[str, Any]:
     """The whole event as one JSON object (the webhook's body).
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox import ClaimedEvent
         >>> event = ClaimedEvent(uuid.UUID(int=1), 7, "OrderPlaced", "order", "42", {}, {},

@@ -37,7 +37,7 @@ class CallablePublisher:
 
     A sync ``target`` runs on the relay's event loop: keep it quick, or make it async.
 
-    Example:
+    Examples:
         def send(event):
             my_bus.publish(event.event_type, event.payload, message_id=event.message_id)
 
@@ -55,7 +55,7 @@ class CallablePublisher:
     async def publish(self, events: Sequence[ClaimedEvent]) -> None:
         """Call the target with each event; raise `EventsRejected` for those that raised.
 
-        Example:
+        Examples:
             await publisher.publish(events)
         """
         rejected: dict[uuid.UUID, str] = {}
@@ -74,6 +74,6 @@ class CallablePublisher:
     async def aclose(self) -> None:
         """Nothing to close.
 
-        Example:
+        Examples:
             await publisher.aclose()
         """

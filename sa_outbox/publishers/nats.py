@@ -65,7 +65,7 @@ def _subject(event: ClaimedEvent) -> str:
 class NatsPublisher:
     """Publish to NATS JetStream with ``Nats-Msg-Id``; see the module's documentation.
 
-    Example:
+    Examples:
         relay = Relay(engine, OutboxEvent, NatsPublisher("nats://localhost:4222"))
     """
 
@@ -139,7 +139,7 @@ class NatsPublisher:
     async def publish(self, events: Sequence[ClaimedEvent]) -> None:
         """Publish the batch concurrently and wait for every JetStream acknowledgement.
 
-        Example:
+        Examples:
             await publisher.publish(events)
         """
         js = await self._open()
@@ -173,7 +173,7 @@ class NatsPublisher:
     async def aclose(self) -> None:
         """Close the connection.
 
-        Example:
+        Examples:
             await publisher.aclose()
         """
         await self._reset()

@@ -71,7 +71,7 @@ def _event_type(event: ClaimedEvent) -> str:
 class RabbitMQPublisher:
     """Publish to RabbitMQ with publisher confirms; see the module's documentation.
 
-    Example:
+    Examples:
         publisher = RabbitMQPublisher("amqp://guest:guest@localhost/", exchange="events")
         relay = Relay(engine, OutboxEvent, publisher)
     """
@@ -150,7 +150,7 @@ class RabbitMQPublisher:
     async def publish(self, events: Sequence[ClaimedEvent]) -> None:
         """Publish the batch concurrently and wait for every confirm.
 
-        Example:
+        Examples:
             await publisher.publish(events)
         """
         channel = await self._open()
@@ -191,7 +191,7 @@ class RabbitMQPublisher:
     async def aclose(self) -> None:
         """Close the connection.
 
-        Example:
+        Examples:
             await publisher.aclose()
         """
         await self._reset()

@@ -50,7 +50,7 @@ _UNREACHABLE: tuple[type[BaseException], ...] = (
 class RedisStreamsPublisher:
     """``XADD`` each event to a Redis stream; see the module's documentation.
 
-    Example:
+    Examples:
         relay = Relay(engine, OutboxEvent, RedisStreamsPublisher("redis://localhost:6379/0"))
     """
 
@@ -82,7 +82,7 @@ class RedisStreamsPublisher:
     def fields(self, event: ClaimedEvent) -> dict[str, str]:
         """The entry's fields for ``event`` (override to add your own).
 
-        Example:
+        Examples:
             fields = publisher.fields(event)  # {"id": "0190…", "event_type": …}
         """
         return {
@@ -108,7 +108,7 @@ class RedisStreamsPublisher:
     async def publish(self, events: Sequence[ClaimedEvent]) -> None:
         """``XADD`` the batch in one pipeline.
 
-        Example:
+        Examples:
             await publisher.publish(events)
         """
         client = self._open()
@@ -140,7 +140,7 @@ class RedisStreamsPublisher:
     async def aclose(self) -> None:
         """Close the connections.
 
-        Example:
+        Examples:
             await publisher.aclose()
         """
         await self._reset()

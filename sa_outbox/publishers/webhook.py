@@ -65,7 +65,7 @@ def checked_url(url: object) -> str:
     (``https:///x``), or whitespace and control characters, which no server would be found
     for.
 
-    Example:
+    Examples:
         >>> checked_url("https://hooks.example.com/outbox")
         'https://hooks.example.com/outbox'
         >>> try:
@@ -100,7 +100,7 @@ def checked_url(url: object) -> str:
 def sign(secret: bytes, body: bytes) -> str:
     """The ``X-Outbox-Signature`` value: ``sha256=`` and the hex HMAC-SHA256 of ``body``.
 
-    Example:
+    Examples:
         >>> sign(b"secret", b'{"id":"1"}')
         'sha256=6146142a2ce0159e84c0767881e4ec80bc397da62526e7d19f70795eb79460c0'
     """
@@ -114,7 +114,7 @@ class _Unreachable(Exception):
 class WebhookPublisher:
     """POST each event to ``url`` (a str, or a function of the event); see the module.
 
-    Example:
+    Examples:
         relay = Relay(engine, OutboxEvent, WebhookPublisher(url, secret=secret))
     """
 
@@ -155,7 +155,7 @@ class WebhookPublisher:
     def request_for(self, event: ClaimedEvent) -> tuple[str, bytes, dict[str, str]]:
         """The URL, body and headers sent for ``event``.
 
-        Example:
+        Examples:
             url, body, headers = publisher.request_for(event)
         """
         body = compact_json(envelope_of(event)).encode()
@@ -195,7 +195,7 @@ class WebhookPublisher:
     async def publish(self, events: Sequence[ClaimedEvent]) -> None:
         """POST every event of the batch; only 2xx answers count.
 
-        Example:
+        Examples:
             await publisher.publish(events)
         """
         if self._client is None:
@@ -218,7 +218,7 @@ class WebhookPublisher:
     async def aclose(self) -> None:
         """Close the HTTP client.
 
-        Example:
+        Examples:
             await publisher.aclose()
         """
         client, self._client = self._client, None

@@ -141,7 +141,7 @@ def plan_copy(
     {...})`` in a loop) was checked with it. Any other job goes through the checks
     `enqueue_jobs` runs, which accept it or say what is wrong.
 
-    Example:
+    Examples:
         >>> from sa_outbox._json import fast_compact_json
         >>> plan = plan_copy([NewJob("send", {"to": "ana"}), NewJob("send", [])],
         ...                  clock=None, dumps=fast_compact_json, max_payload_bytes=1024,

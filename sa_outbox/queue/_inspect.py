@@ -78,7 +78,7 @@ def as_plain(value: Any) -> Any:
 
     Times become ISO 8601 text, ages (`timedelta`) seconds, ids text.
 
-    Example:
+    Examples:
         >>> as_plain(WorkerJobs("w1", 2, 0, None))
         {'worker_id': 'w1', 'running': 2, 'expired': 0, 'lease_until': None}
     """
@@ -89,7 +89,7 @@ def as_plain(value: Any) -> Any:
 class JobCount:
     """How many jobs of one ``kind`` in one ``queue`` are in one ``status``.
 
-    Example:
+    Examples:
         >>> JobCount("emails", "send-email", "failed", 3).jobs
         3
     """
@@ -105,7 +105,7 @@ class WorkerJobs:
     """A worker holding ``running`` jobs: how many, how many of their leases expired, and
     the latest ``lease_until``.
 
-    Example:
+    Examples:
         >>> WorkerJobs("host:42:ab12", 4, 1, None).expired
         1
     """
@@ -120,7 +120,7 @@ class WorkerJobs:
 class ConnectedWorker:
     """A worker connected now, seen in ``pg_stat_activity`` by its ``application_name``.
 
-    Example:
+    Examples:
         >>> ConnectedWorker("host:42:ab12", 2, None, "10.0.0.5").connections
         2
     """
@@ -140,7 +140,7 @@ class JobsStatus:
     ``failed_recently`` counts the jobs failed within ``failed_within``; ``expired_leases``
     the running jobs whose lease expired; ``holders`` the workers holding running jobs.
 
-    Example:
+    Examples:
         >>> s = JobsStatus("jobs", [], {"failed": 0}, None, 0, dt.timedelta(hours=1), 0, [])
         >>> s.by_status["failed"]
         0
@@ -161,7 +161,7 @@ class OutboxStatus:
     """The outbox's part of `QueueStatus`: the relays' ``backlog`` (unpublished, not
     parked), the age of its oldest event, and the ``parked`` events.
 
-    Example:
+    Examples:
         >>> OutboxStatus("outbox", 12, dt.timedelta(seconds=3), 1).parked
         1
     """
@@ -180,7 +180,7 @@ class QueueStatus:
     ``sa-outbox worker`` set it); a worker of your own process that does not set it shows
     only in ``jobs.holders``, while it holds jobs.
 
-    Example:
+    Examples:
         >>> QueueStatus(None, None, None, []).as_dict()
         {'taken_at': None, 'jobs': None, 'outbox': None, 'workers': []}
     """
@@ -209,7 +209,7 @@ def queue_status(
     Only reads. The counts by queue, kind and status read the whole job table; the rest
     walks partial indexes.
 
-    Example:
+    Examples:
         with engine.connect() as conn:
             status = queue_status(conn, jobs=Job, outbox=OutboxEvent)
         status.jobs.oldest_ready_age, status.outbox.parked, status.workers
@@ -259,7 +259,7 @@ def _window(value: dt.timedelta | float) -> dt.timedelta:
 class JobRow:
     """A job as `list_jobs` shows it: its main columns and the first line of its error.
 
-    Example:
+    Examples:
         >>> row = JobRow(uuid.UUID(int=1), "default", "ping", "failed", 0, 8, 8, None,
         ...              None, None, None, None, "boom")
         >>> row.error_line
@@ -292,7 +292,7 @@ def list_jobs(
 ) -> list[JobRow]:
     """Up to ``limit`` jobs, most recently updated first, filtered (AND) as asked.
 
-    Example:
+    Examples:
         with engine.connect() as conn:
             failed = list_jobs(conn, Job, statuses="failed", kinds="send-email")
     """
@@ -313,7 +313,7 @@ def _names(value: Sequence[str] | str | None) -> Any:
 def get_job(conn: Connection, jobs: object, job_id: object) -> dict[str, Any] | None:
     """Every column of one job, by name, or ``None`` when there is no job with that id.
 
-    Example:
+    Examples:
         with engine.connect() as conn:
             job = get_job(conn, Job, "0b0e6c1e-…")
         print(job["last_error"])
@@ -330,7 +330,7 @@ def get_job(conn: Connection, jobs: object, job_id: object) -> dict[str, Any] | 
 def kind_exists(conn: Connection, jobs: object, kind: str) -> bool:
     """Whether any job of ``kind`` is in the table (in any status).
 
-    Example:
+    Examples:
         with engine.connect() as conn:
             kind_exists(conn, Job, "send-email")
     """
@@ -355,7 +355,7 @@ def retry_failed(
     exist or is not ``failed``, `InvalidArgument` says which, and the caller's transaction
     should roll back (``engine.begin()`` does) — nothing is retried.
 
-    Example:
+    Examples:
         with engine.begin() as conn:
             retried = retry_failed(conn, Job, kinds="send-email")
     """
@@ -391,7 +391,7 @@ def retry_failed(
 class QueueDepth:
     """One queue: its jobs by status, and the jobs that finished within ``within``.
 
-    Example:
+    Examples:
         >>> q = QueueDepth("emails", {"pending": 5}, 120, 2, dt.timedelta(minutes=5))
         >>> q.per_minute
         24.4
@@ -419,7 +419,7 @@ def queue_depths(
 ) -> list[QueueDepth]:
     """Each queue's depth by status and its throughput over the last ``within``, by name.
 
-    Example:
+    Examples:
         with engine.connect() as conn:
             for q in queue_depths(conn, Job):
                 print(q.queue, q.counts.get("pending", 0), q.per_minute)
@@ -443,7 +443,7 @@ def queue_depths(
 class EventRow:
     """An unpublished outbox event as `list_events` shows it, with its error's first line.
 
-    Example:
+    Examples:
         >>> EventRow(uuid.UUID(int=1), 7, "order", "42", "OrderPlaced", 10, None, None,
         ...          None, None, "refused").error_line
         'refused'
@@ -467,7 +467,7 @@ def list_events(
 ) -> list[EventRow]:
     """Up to ``limit`` unpublished events in ``seq`` order: the backlog, or the parked ones.
 
-    Example:
+    Examples:
         with engine.connect() as conn:
             parked = list_events(conn, OutboxEvent, parked=True)
     """
@@ -478,7 +478,7 @@ def list_events(
 def get_event(conn: Connection, outbox: object, event_id: object) -> dict[str, Any] | None:
     """Every column of one outbox event, by name, or ``None`` when there is none.
 
-    Example:
+    Examples:
         with engine.connect() as conn:
             event = get_event(conn, OutboxEvent, "0b0e6c1e-…")
     """
@@ -495,7 +495,7 @@ def retry_parked(
     nothing, as `retry_failed`: an id that does not exist, or names an event that is not
     parked, raises `InvalidArgument` and the caller's transaction should roll back.
 
-    Example:
+    Examples:
         with engine.begin() as conn:
             retry_parked(conn, OutboxEvent)
     """

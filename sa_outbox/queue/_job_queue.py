@@ -78,7 +78,7 @@ class JobQueue(_Base):
     when the job is no longer running under the given token, and leaves the row untouched.
     `enqueue` also takes the `Engine` itself: then the job is one autocommit ``INSERT``.
 
-    Example:
+    Examples:
         from sa_outbox import JobQueue
         queue = JobQueue(Job)
         with engine.begin() as conn:
@@ -110,7 +110,7 @@ class JobQueue(_Base):
         with it. Given the `Engine` itself, it is one autocommit ``INSERT``: one round trip,
         committed when this returns (for a producer with no transaction of its own).
 
-        Example:
+        Examples:
             queue.enqueue(conn, "index-book", {"book_id": 7},
                           deduplication_key="index-book:7").inserted
             # -> True
@@ -136,7 +136,7 @@ class JobQueue(_Base):
     def enqueue_many(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
         """Add many jobs in one statement; results come in input order.
 
-        Example:
+        Examples:
             queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])
         """
         return _drive(conn, self._ops.enqueue_many(jobs))
@@ -149,7 +149,7 @@ class JobQueue(_Base):
         follow input order, nothing commits here, and workers are notified once at commit.
         Needs the psycopg (3) driver. See docs/worker.md, "Enqueueing many jobs".
 
-        Example:
+        Examples:
             queue.enqueue_copy(conn, [NewJob("resize", {"image": n}) for n in range(1000)])
             # -> 1000
         """
@@ -175,7 +175,7 @@ class JobQueue(_Base):
     ) -> list[ClaimedJob]:
         """Claim up to ``batch`` ready jobs (commit right after, then run them).
 
-        Example:
+        Examples:
             jobs = queue.claim(conn, worker_id="w1", batch=20)
         """
         options = {
@@ -198,7 +198,7 @@ class JobQueue(_Base):
     ) -> dt.datetime:
         """Extend a live lease; returns the new ``lease_until`` or raises `LeaseLost`.
 
-        Example:
+        Examples:
             queue.heartbeat(conn, job.id, job.lease_token, lease=30)
         """
         options = {"lease": lease, "worker_id": worker_id}
@@ -209,7 +209,7 @@ class JobQueue(_Base):
     ) -> BatchResult:
         """Extend many leases in one statement; ``lost`` lists the ones no longer held.
 
-        Example:
+        Examples:
             queue.heartbeat_many(conn, [(j.id, j.lease_token) for j in jobs])
         """
         return _drive(conn, self._ops.heartbeat_many(pairs, lease))
@@ -217,7 +217,7 @@ class JobQueue(_Base):
     def complete(self, conn: SyncConn, job_id: uuid.UUID, token: uuid.UUID) -> None:
         """Mark one job ``succeeded``, or raise `LeaseLost`.
 
-        Example:
+        Examples:
             queue.complete(conn, job.id, job.lease_token)
         """
         _drive(conn, self._ops.complete(job_id, token))
@@ -225,7 +225,7 @@ class JobQueue(_Base):
     def complete_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
         """Mark many jobs ``succeeded`` in one statement; ``lost`` lists those not held.
 
-        Example:
+        Examples:
             queue.complete_many(conn, [(j.id, j.lease_token) for j in jobs])
         """
         return _drive(conn, self._ops.complete_many(pairs))
@@ -241,7 +241,7 @@ class JobQueue(_Base):
     ) -> RetryResult:
         """Back to ``pending`` after ``delay`` (default: the backoff), or ``failed`` at max.
 
-        Example:
+        Examples:
             queue.retry(conn, job.id, job.lease_token, error="timeout").status
             # -> <JobStatus.PENDING: 'pending'>
         """
@@ -252,7 +252,7 @@ class JobQueue(_Base):
     ) -> None:
         """Mark a job ``failed`` at once (a permanent error), or raise `LeaseLost`.
 
-        Example:
+        Examples:
             queue.fail(conn, job.id, job.lease_token, error="bad payload")
         """
         _drive(conn, self._ops.fail(job_id, token, error))
@@ -264,7 +264,7 @@ class JobQueue(_Base):
         is cleared, and listening workers are notified at commit. ``lost`` lists the pairs
         no longer held.
 
-        Example:
+        Examples:
             queue.release_many(conn, [(j.id, j.lease_token) for j in unstarted])
         """
         return _drive(conn, self._ops.release_many(pairs))
@@ -272,7 +272,7 @@ class JobQueue(_Base):
     def notify_channel(self, conn: SyncConn) -> str | None:
         """The channel the table's NOTIFY trigger sends on (``None`` if the table is absent).
 
-        Example:
+        Examples:
             queue.notify_channel(conn)
             # -> 'public.jobs'
         """
@@ -281,7 +281,7 @@ class JobQueue(_Base):
     def reclaim_expired(self, conn: SyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
         """Return up to ``limit`` expired leases to ``pending`` (with backoff) or ``failed``.
 
-        Example:
+        Examples:
             queue.reclaim_expired(conn)
             # -> []
         """
@@ -298,7 +298,7 @@ class JobQueue(_Base):
     ) -> list[uuid.UUID]:
         """Send failed jobs back to ``pending`` now; returns their ids.
 
-        Example:
+        Examples:
             queue.requeue_failed(conn, kinds="send-email")
         """
         options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
@@ -316,7 +316,7 @@ class JobQueue(_Base):
         job stays ``cancelled`` (every result write is fenced by ``status = 'running'``).
         Finished jobs are left alone (`CancelResult.finished`); unknown ids are reported.
 
-        Example:
+        Examples:
             with engine.begin() as conn:
                 result = queue.cancel(conn, [job_id])
             result.cancelled, result.cancelling, result.finished, result.unknown
@@ -333,7 +333,7 @@ class JobQueue(_Base):
     ) -> int:
         """Delete one batch of finished jobs older than ``older_than``; returns how many.
 
-        Example:
+        Examples:
             queue.prune(conn, older_than=dt.timedelta(days=7))
             # -> 0
         """
@@ -343,7 +343,7 @@ class JobQueue(_Base):
     def counts(self, conn: SyncConn) -> dict[JobStatus, int]:
         """How many jobs are in each status (every status present, zero included).
 
-        Example:
+        Examples:
             queue.counts(conn)[JobStatus.PENDING]
             # -> 0
         """
@@ -353,7 +353,7 @@ class JobQueue(_Base):
 class AsyncJobQueue(_Base):
     """`JobQueue` for asyncio: the same operations on an `AsyncConnection`/`AsyncSession`.
 
-    Example:
+    Examples:
         queue = AsyncJobQueue(Job)
         async with async_engine.begin() as conn:
             jobs = await queue.claim(conn, worker_id="w1", batch=20)
@@ -374,7 +374,7 @@ class AsyncJobQueue(_Base):
     ) -> EnqueueResult:
         """See `JobQueue.enqueue`; given the `AsyncEngine`, one autocommit ``INSERT``.
 
-        Example:
+        Examples:
             await queue.enqueue(async_engine, "index-book", {"book_id": 8})
         """
         options = {

@@ -164,7 +164,7 @@ class _Base:
 class Outbox(_Base):
     """The outbox on a sync `Connection` or `Session`; the caller owns the transaction.
 
-    Example:
+    Examples:
         outbox = Outbox(OutboxEvent)
         with Session(engine) as session, session.begin():
             session.add(order)
@@ -189,7 +189,7 @@ class Outbox(_Base):
     ) -> uuid.UUID:
         """Insert one event in the caller's transaction; returns its id (the message id).
 
-        Example:
+        Examples:
             outbox.append(
                 conn, event_type="OrderPlaced", aggregate_type="order", aggregate_id=42,
                 payload={},
@@ -212,7 +212,7 @@ class Outbox(_Base):
         unpublished one, and skips aggregates another relay holds (see
         `sa_outbox.statements.claim_events`): publish each aggregate's events in order.
 
-        Example:
+        Examples:
             events = outbox.claim(conn, batch=100)
         """
         return _drive(conn, self._ops.claim(batch, lease, per_aggregate))
@@ -220,7 +220,7 @@ class Outbox(_Base):
     def mark_published(self, conn: SyncConn, event_id: uuid.UUID, token: uuid.UUID) -> None:
         """Mark one event published after the broker took it, or raise `LeaseLost`.
 
-        Example:
+        Examples:
             outbox.mark_published(conn, event.id, event.relay_token)
         """
         _drive(conn, self._ops.mark_published(event_id, token))
@@ -228,7 +228,7 @@ class Outbox(_Base):
     def mark_published_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
         """Mark many events published in one statement.
 
-        Example:
+        Examples:
             pairs = [(e.id, e.relay_token) for e in events]
             outbox.mark_published_many(conn, pairs)
         """
@@ -237,7 +237,7 @@ class Outbox(_Base):
     def prune(self, conn: SyncConn, *, older_than: dt.timedelta | float, batch: int = 1000) -> int:
         """Delete one batch of events published more than ``older_than`` ago.
 
-        Example:
+        Examples:
             outbox.prune(conn, older_than=dt.timedelta(days=7))
             # -> 0
         """
@@ -255,7 +255,7 @@ class Outbox(_Base):
         Fenced by the relay token: a triple whose token no longer holds is left out of the
         result. The backoff is the outbox's (``Outbox(..., backoff=Backoff(...))``).
 
-        Example:
+        Examples:
             rejected = outbox.reject_many(
                 conn, [(event.id, event.relay_token, "message too large")], max_attempts=10
             )
@@ -270,7 +270,7 @@ class Outbox(_Base):
         The claim's attempt is taken back (``attempted=True`` keeps it counted): only
         rejections (`reject_many`) count against ``max_attempts``.
 
-        Example:
+        Examples:
             outbox.release_many(conn, [(e.id, e.relay_token) for e in events],
                                 error="connection refused")
         """
@@ -281,7 +281,7 @@ class Outbox(_Base):
     ) -> list[uuid.UUID]:
         """Un-park parked events (all, or ``ids``) once the cause is fixed; wakes the relays.
 
-        Example:
+        Examples:
             outbox.requeue_parked(conn, ids=[parked.id])
         """
         return _drive(conn, self._ops.requeue_parked(ids))
@@ -289,7 +289,7 @@ class Outbox(_Base):
     def parked(self, conn: SyncConn) -> list[ParkedEvent]:
         """The parked events, oldest first, each with its ``last_error``.
 
-        Example:
+        Examples:
             for event in outbox.parked(conn):
                 print(event.event_type, event.aggregate_id, event.last_error)
         """
@@ -299,7 +299,7 @@ class Outbox(_Base):
 class AsyncOutbox(_Base):
     """`Outbox` for asyncio, on an `AsyncConnection`/`AsyncSession`.
 
-    Example:
+    Examples:
         outbox = AsyncOutbox(OutboxEvent)
         async with async_engine.begin() as conn:
             events = await outbox.claim(conn)

@@ -14,7 +14,7 @@ from ..schema import JobStatus
 class EnqueueResult:
     """What an enqueue did: ``inserted`` is False when the deduplication key was taken.
 
-    Example:
+    Examples:
         >>> EnqueueResult(id=None, inserted=False).inserted
         False
     """
@@ -27,7 +27,7 @@ class EnqueueResult:
 class ClaimedJob:
     """A job this worker holds: finish it with its ``id`` and ``lease_token``.
 
-    Example:
+    Examples:
         >>> job = ClaimedJob(id=uuid.UUID(int=1), queue="default", kind="send-email",
         ...                  payload={}, priority=0, run_at=None, attempts=1, max_attempts=8,
         ...                  lease_until=None, lease_token=uuid.UUID(int=2), worker_id="w1",
@@ -60,7 +60,7 @@ class ClaimedJob:
 class RetryResult:
     """Where a retried job went: back to ``pending`` at ``run_at``, or to ``failed``.
 
-    Example:
+    Examples:
         >>> RetryResult(uuid.UUID(int=1), JobStatus.FAILED, None).status
         <JobStatus.FAILED: 'failed'>
     """
@@ -74,7 +74,7 @@ class RetryResult:
 class ReclaimedJob:
     """A job whose lease expired, and the state the reclaimer gave it.
 
-    Example:
+    Examples:
         >>> ReclaimedJob(uuid.UUID(int=1), JobStatus.PENDING, "w1", 1).worker_id
         'w1'
     """
@@ -95,7 +95,7 @@ class CancelResult:
     ``failed`` or ``cancelled``, left alone; ``unknown``: no such job. Each list keeps the
     order of the ids given.
 
-    Example:
+    Examples:
         >>> CancelResult(cancelled=[uuid.UUID(int=1)], cancelling=[], finished=[],
         ...              unknown=[uuid.UUID(int=2)]).unknown
         [UUID('00000000-0000-0000-0000-000000000002')]
@@ -111,7 +111,7 @@ class CancelResult:
 class BatchResult:
     """Which rows of a batched fenced write matched (``done``) and which had lost (``lost``).
 
-    Example:
+    Examples:
         >>> BatchResult(done=[uuid.UUID(int=1)], lost=[]).all_done
         True
     """
@@ -128,7 +128,7 @@ class BatchResult:
 class ClaimedEvent:
     """An outbox event this relay holds: publish it, then mark it with ``relay_token``.
 
-    Example:
+    Examples:
         >>> ClaimedEvent(uuid.UUID(int=1), 1, "OrderPlaced", "order", "42", {}, {}, 1, None,
         ...              uuid.UUID(int=2), None).message_id
         '00000000-0000-0000-0000-000000000001'
@@ -156,7 +156,7 @@ class ClaimedEvent:
 class RejectedEvent:
     """Where a rejected event went: back off until ``relay_until``, or ``parked``.
 
-    Example:
+    Examples:
         >>> RejectedEvent(uuid.UUID(int=1), parked=True, attempts=10, relay_until=None).parked
         True
     """
@@ -171,7 +171,7 @@ class RejectedEvent:
 class ParkedEvent:
     """An event the relay parked after the broker kept rejecting it, with its last error.
 
-    Example:
+    Examples:
         >>> ParkedEvent(uuid.UUID(int=1), 7, "OrderPlaced", "order", "42", 10,
         ...             "message too large", None, None).last_error
         'message too large'

@@ -44,7 +44,7 @@ class AsyncRelay:
 
     ``stop`` may be called from the loop, another thread or a signal handler.
 
-    Example:
+    Examples:
         relay = AsyncRelay(async_engine, OutboxEvent, publisher, batch=100)
         report = await relay.run_once()
         task = asyncio.create_task(relay.run())
@@ -132,7 +132,7 @@ class AsyncRelay:
     async def run_once(self) -> RelayReport:
         """See `Relay.run_once`.
 
-        Example:
+        Examples:
             report = await relay.run_once()
         """
         s = self.settings
@@ -169,7 +169,7 @@ class AsyncRelay:
     async def prune_once(self) -> int:
         """See `Relay.prune_once`.
 
-        Example:
+        Examples:
             deleted = await relay.prune_once()
         """
         retention = self.settings.retention
@@ -187,7 +187,7 @@ class AsyncRelay:
         """Vacuum the outbox table now if it has ``vacuum.threshold`` dead tuples (see
         `sa_outbox.Vacuumer`); ``None`` when the relay was built with ``vacuum=None``.
 
-        Example:
+        Examples:
             report = await relay.vacuum_once()
         """
         if self._vacuumer is None:
@@ -197,7 +197,7 @@ class AsyncRelay:
     async def run(self) -> None:
         """Relay until `stop` is called.
 
-        Example:
+        Examples:
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, relay.stop)
             await relay.run()
         """
@@ -226,7 +226,7 @@ class AsyncRelay:
     def stop(self) -> None:
         """Ask `run` to return after the current cycle; safe from any thread.
 
-        Example:
+        Examples:
             relay.stop()
         """
         self._stop_requested.set()
@@ -237,7 +237,7 @@ class AsyncRelay:
     async def aclose(self) -> None:
         """Stop and close the publisher.
 
-        Example:
+        Examples:
             await relay.aclose()
         """
         self.stop()

@@ -29,7 +29,7 @@ DEFAULT_RETENTION = dt.timedelta(days=7)
 def default_relay_name() -> str:
     """``host:pid``, the name a relay logs and reports under unless given one.
 
-    Example:
+    Examples:
         >>> default_relay_name().endswith(f":{os.getpid()}")
         True
     """
@@ -40,7 +40,7 @@ def default_relay_name() -> str:
 class RelaySettings:
     """Every knob of a relay, validated (see `Relay` for what each one does).
 
-    Example:
+    Examples:
         >>> RelaySettings.build(batch=0)
         Traceback (most recent call last):
         ...

@@ -39,7 +39,7 @@ MAX_ERROR_LENGTH = 2000
 def describe(error: BaseException) -> str:
     """An error as ``last_error`` keeps it: its type and message, capped.
 
-    Example:
+    Examples:
         >>> describe(PublisherUnavailable("connection refused"))
         'connection refused'
     """
@@ -61,7 +61,7 @@ def settle(
     `PublisherUnavailable`: the whole batch stops. Anything else on one event: rejected
     with that error; on several: they are tried again one by one, to find the culprit.
 
-    Example:
+    Examples:
         >>> plan = BatchPlan([])
         >>> settle(plan, [], None)
         []
@@ -113,7 +113,7 @@ def retry_wait(settings: RelaySettings) -> tenacity.wait.wait_base:
     """The loop's backoff: ``retry_initial · 2^(n-1)`` capped at ``retry_max``, plus up to
     ``retry_initial`` of jitter, so relays that lost the same broker do not retry in step.
 
-    Example:
+    Examples:
         >>> wait = retry_wait(RelaySettings.build(retry_initial=1, retry_max=4))
         >>> isinstance(wait, tenacity.wait.wait_base)
         True

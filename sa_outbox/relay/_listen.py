@@ -47,7 +47,7 @@ DEAF_WARNING = (
 def listen_statement(channel: str) -> str:
     """``LISTEN "channel"``, quoted.
 
-    Example:
+    Examples:
         >>> listen_statement('a"b')
         'LISTEN "a""b"'
     """
@@ -57,7 +57,7 @@ def listen_statement(channel: str) -> str:
 class WakePipe:
     """A self-pipe: `wake` (safe from a signal handler or another thread) ends a `select`.
 
-    Example:
+    Examples:
         >>> pipe = WakePipe()
         >>> pipe.wake(); pipe.drain()
         True
@@ -90,7 +90,7 @@ class WakePipe:
 class SyncListener:
     """A LISTENing psycopg connection for `Relay`; `wait` returns on a notification.
 
-    Example:
+    Examples:
         listener = SyncListener.open(engine, ops)  # None when the driver is not psycopg
     """
 
@@ -102,7 +102,7 @@ class SyncListener:
         """True once: the connection goes through a pooler and its test notification is
         overdue (notifications cannot arrive).
 
-        Example:
+        Examples:
             listener.wait(timeout, wake)
             if listener.deaf():
                 LOGGER.warning(DEAF_WARNING, relay.name, timeout)
@@ -168,7 +168,7 @@ class SyncListener:
 class AsyncListener:
     """A LISTENing psycopg async connection for `AsyncRelay`.
 
-    Example:
+    Examples:
         listener = await AsyncListener.open(async_engine, ops)
     """
 
@@ -180,7 +180,7 @@ class AsyncListener:
         """True once: the connection goes through a pooler and its test notification is
         overdue (notifications cannot arrive).
 
-        Example:
+        Examples:
             await listener.wait(timeout, stopping)
             if listener.deaf():
                 LOGGER.warning(DEAF_WARNING, relay.name, timeout)

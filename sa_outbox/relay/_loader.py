@@ -20,7 +20,7 @@ def load_relay(target: str) -> Relay | AsyncRelay:
     """The `Relay` or `AsyncRelay` at ``module:attribute`` (the current directory is
     importable); the attribute may be dotted, or a function of no arguments returning one.
 
-    Example:
+    Examples:
         relay = load_relay("myapp.outbox:relay")
     """
     relay: Relay | AsyncRelay = load_instance(

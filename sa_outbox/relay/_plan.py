@@ -47,7 +47,7 @@ class RelayReport:
     ``unavailable`` holds the error when the broker could not be reached (the events were
     given back, their attempt not counted); the relay then backs off.
 
-    Example:
+    Examples:
         >>> report = RelayReport("relay-1", claimed=3, published=2, rejected=1)
         >>> report.idle, report.unavailable is None
         (False, True)
@@ -77,7 +77,7 @@ def _aggregate(event: ClaimedEvent) -> tuple[str, str]:
 class BatchPlan:
     """Waves of a claimed batch and the outcome of each event (see the module docstring).
 
-    Example:
+    Examples:
         >>> BatchPlan([]).next_wave()
         []
     """

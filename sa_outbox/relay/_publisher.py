@@ -41,7 +41,7 @@ __all__ = ["EventsRejected", "PublishError", "Publisher", "PublisherUnavailable"
 class Publisher(Protocol):
     """Publishes batches of outbox events to a broker; see the module's documentation.
 
-    Example:
+    Examples:
         class StdoutPublisher:
             async def publish(self, events: Sequence[ClaimedEvent]) -> None:
                 for event in events:
@@ -63,7 +63,7 @@ class Publisher(Protocol):
 class PublishError(SaOutboxError):
     """Root of the errors a publisher raises to tell the relay what happened.
 
-    Example:
+    Examples:
         >>> issubclass(PublisherUnavailable, PublishError)
         True
     """
@@ -72,7 +72,7 @@ class PublishError(SaOutboxError):
 class PublisherUnavailable(PublishError):
     """The broker could not be reached or did not answer in time: nothing was published.
 
-    Example:
+    Examples:
         >>> str(PublisherUnavailable("RabbitMQ at 127.0.0.1:5672: connection refused"))
         'RabbitMQ at 127.0.0.1:5672: connection refused'
     """
@@ -81,7 +81,7 @@ class PublisherUnavailable(PublishError):
 class EventsRejected(PublishError):
     """The broker refused the events in ``rejected`` (id → reason); the others went out.
 
-    Example:
+    Examples:
         >>> error = EventsRejected({uuid.UUID(int=1): "message too large"})
         >>> print(error)
         the broker rejected 1 event: 00000000-0000-0000-0000-000000000001: message too large
@@ -98,7 +98,7 @@ class EventsRejected(PublishError):
 def ids_of(events: Sequence[ClaimedEvent]) -> list[uuid.UUID]:
     """The ids of ``events``, in order.
 
-    Example:
+    Examples:
         >>> ids_of([])
         []
     """

@@ -102,7 +102,7 @@ class Relay:
     The publisher (async, as every publisher is) runs on an event loop in a thread of the
     relay's own. Use `AsyncRelay` from asyncio code.
 
-    Example:
+    Examples:
         from sa_outbox.publishers.callable import CallablePublisher
 
         relay = Relay(engine, OutboxEvent, CallablePublisher(print), batch=100)
@@ -193,7 +193,7 @@ class Relay:
     def run_once(self) -> RelayReport:
         """Claim one batch, publish it, and record the outcome; returns what it did.
 
-        Example:
+        Examples:
             report = relay.run_once()
             print(report.published, "published,", report.parked, "parked")
         """
@@ -231,7 +231,7 @@ class Relay:
         """Delete the events published more than ``retention`` ago, in batches; returns how
         many. Parked and unpublished events are never deleted.
 
-        Example:
+        Examples:
             deleted = relay.prune_once()
         """
         retention = self.settings.retention
@@ -249,7 +249,7 @@ class Relay:
         """Vacuum the outbox table now if it has ``vacuum.threshold`` dead tuples (see
         `sa_outbox.Vacuumer`); ``None`` when the relay was built with ``vacuum=None``.
 
-        Example:
+        Examples:
             report = relay.vacuum_once()
         """
         if self._vacuumer is None:
@@ -261,7 +261,7 @@ class Relay:
     def run(self) -> None:
         """Relay until `stop` is called (from a signal handler or another thread).
 
-        Example:
+        Examples:
             signal.signal(signal.SIGTERM, lambda *_: relay.stop())
             relay.run()
         """
@@ -287,7 +287,7 @@ class Relay:
     def stop(self) -> None:
         """Ask `run` to return after the current cycle; safe from signal handlers.
 
-        Example:
+        Examples:
             relay.stop()
         """
         self._stopping.set()
@@ -296,7 +296,7 @@ class Relay:
     def close(self) -> None:
         """Stop, close the publisher and the relay's event loop.
 
-        Example:
+        Examples:
             relay.close()
         """
         self.stop()

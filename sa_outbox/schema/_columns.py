@@ -171,7 +171,7 @@ def job_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index
     the key unique per partition only: there ``{t}_dedup_idx`` is a plain index, which the
     table's dedup trigger searches (see ``sa_outbox.schema._partition_ddl``).
 
-    Example:
+    Examples:
         >>> [i.name for i in job_table_args("jobs")]  # doctest: +NORMALIZE_WHITESPACE
         ['jobs_ready_idx', 'jobs_ready_kind_idx', 'jobs_ready_order_idx', 'jobs_dedup_idx',
          'jobs_expired_lease_idx', 'jobs_retention_idx']
@@ -229,7 +229,7 @@ def outbox_table_args(table_name: str, *, partitioned: bool = False) -> tuple[In
     following events of an aggregate from it. ``{t}_parked_idx`` lists parked events;
     ``{t}_retention_idx`` serves pruning.
 
-    Example:
+    Examples:
         >>> [i.name for i in outbox_table_args("outbox")]  # doctest: +NORMALIZE_WHITESPACE
         ['outbox_seq_key', 'outbox_ready_idx', 'outbox_aggregate_idx', 'outbox_parked_idx',
          'outbox_retention_idx']

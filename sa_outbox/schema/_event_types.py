@@ -44,7 +44,7 @@ _add_order = itertools.count()
 class UnknownEventType(InvalidArgument, LookupError):
     """An outbox row whose ``event_type`` names no registered domain event class.
 
-    Example:
+    Examples:
         >>> raise UnknownEventType("no domain event class is registered for 'Gone'")
         Traceback (most recent call last):
         ...
@@ -58,7 +58,7 @@ class UnknownEventType(InvalidArgument, LookupError):
 class EventSpec:
     """What the library knows of one domain event class.
 
-    Example:
+    Examples:
         >>> EventSpec("OrderPlaced", ("order", "total_cents"), {}, None, None).fields
         ('order', 'total_cents')
     """
@@ -87,7 +87,7 @@ def prepare_event_class(cls: type) -> None:
 
     Called by `OutboxMixin.__init_subclass__` before SQLAlchemy maps the class.
 
-    Example:
+    Examples:
         >>> class NotAnEvent:
         ...     pass
         >>> prepare_event_class(NotAnEvent)  # no outbox table among its bases: left alone
@@ -231,7 +231,7 @@ def _register(owner: type, event_type: str, cls: type) -> None:
 def event_types(model: type) -> Mapping[str, type]:
     """The domain event classes of an outbox model, by event type name.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox import OutboxMixin
         >>> class Base(DeclarativeBase): pass
@@ -250,7 +250,7 @@ def event_types(model: type) -> Mapping[str, type]:
 def is_domain_event(obj: object) -> bool:
     """Whether ``obj`` is an instance of a domain event class.
 
-    Example:
+    Examples:
         >>> is_domain_event(object())
         False
     """

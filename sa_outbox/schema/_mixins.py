@@ -40,7 +40,7 @@ class JobMixin:
     ``metadata.create_all`` also creates the table's NOTIFY trigger (one notification per
     inserting statement), which wakes workers up when jobs arrive.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase):
         ...     pass
@@ -92,7 +92,7 @@ class OutboxMixin:
     ``metadata.create_all`` also creates the table's two triggers (`OutboxTriggers`): one
     makes ``seq`` follow commit order within an aggregate, the other wakes relays up.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase):
         ...     pass
@@ -183,7 +183,7 @@ JobDataclassMixin = _dataclass_variant(
     _JOB_COLUMNS,
     """`JobMixin` for a ``MappedAsDataclass`` base: ``Job(kind=..., payload=...)``.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase, MappedAsDataclass
         >>> class Base(MappedAsDataclass, DeclarativeBase):
         ...     pass
@@ -200,7 +200,7 @@ OutboxDataclassMixin = _dataclass_variant(
     _OUTBOX_COLUMNS,
     """`OutboxMixin` for a ``MappedAsDataclass`` base.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase, MappedAsDataclass
         >>> class Base(MappedAsDataclass, DeclarativeBase):
         ...     pass
@@ -216,7 +216,7 @@ OutboxDataclassMixin = _dataclass_variant(
 def resolve_table(target: object) -> Table:
     """The `Table` behind a mapped class, an ORM entity or a `Table` itself.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData, Table, Column, Integer
         >>> t = Table("t", MetaData(), Column("id", Integer, primary_key=True))
         >>> resolve_table(t) is t

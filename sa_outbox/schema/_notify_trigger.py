@@ -54,7 +54,7 @@ _PREPARER = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-
 def job_notify_channel(schema: str, table_name: str) -> str:
     """The channel the job table ``schema.table_name`` notifies on.
 
-    Example:
+    Examples:
         >>> job_notify_channel("public", "jobs")
         'public.jobs'
     """
@@ -67,7 +67,7 @@ def job_notify_channel(schema: str, table_name: str) -> str:
 def notify_function_name(table: Table) -> str:
     """The trigger's (and its function's) name: ``{table}_notify``.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> notify_function_name(Table("jobs", MetaData()))
         'jobs_notify'
@@ -83,7 +83,7 @@ def _qualified(table: Table, name: str) -> str:
 def create_notify_trigger_sql(table: Table) -> list[str]:
     """``CREATE FUNCTION`` and ``CREATE TRIGGER`` for the job table ``table``.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> create, trigger = create_notify_trigger_sql(Table("jobs", MetaData(), schema="w"))
         >>> print(create.splitlines()[0])
@@ -128,7 +128,7 @@ $sa_outbox$"""
 def drop_notify_trigger_sql(table: Table) -> list[str]:
     """``DROP FUNCTION`` of the trigger's function (``DROP TABLE`` drops the trigger itself).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> drop_notify_trigger_sql(Table("jobs", MetaData()))
         ['DROP FUNCTION IF EXISTS jobs_notify()']
@@ -143,7 +143,7 @@ class NotifyTrigger(SchemaItem):
     `JobMixin` puts one in its ``__table_args__``; on a table of your own, pass one to
     ``Table(...)``. Only PostgreSQL runs it.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import Column, Integer, MetaData, Text
         >>> from sqlalchemy import create_mock_engine
         >>> t = Table("jobs", MetaData(), Column("id", Integer, primary_key=True),

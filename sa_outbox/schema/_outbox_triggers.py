@@ -57,7 +57,7 @@ _PREPARER = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-
 def outbox_notify_channel(schema: str, table_name: str) -> str:
     """The channel the outbox table ``schema.table_name`` notifies relays on.
 
-    Example:
+    Examples:
         >>> outbox_notify_channel("public", "outbox")
         'public.outbox'
         >>> outbox_notify_channel("s" * 40, "outbox_of_a_rather_long_name")
@@ -75,7 +75,7 @@ def outbox_trigger_names(table: Table) -> tuple[str, str]:
     They never end in ``_notify``, the suffix of the job table's trigger, so the two kinds of
     table cannot take each other's function names.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> outbox_trigger_names(Table("outbox", MetaData()))
         ('outbox_order_events', 'outbox_wake_relay')
@@ -113,7 +113,7 @@ def _table_names(table: Table) -> tuple[str, str]:
 def create_outbox_triggers_sql(table: Table) -> list[str]:
     """``CREATE FUNCTION`` and ``CREATE TRIGGER`` for both triggers of the outbox ``table``.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> sql = create_outbox_triggers_sql(Table("outbox", MetaData(), schema="w"))
         >>> sql[1].split(" EXECUTE ")  # doctest: +NORMALIZE_WHITESPACE
@@ -164,7 +164,7 @@ $sa_outbox$"""
 def drop_outbox_triggers_sql(table: Table) -> list[str]:
     """``DROP FUNCTION`` of both functions (``DROP TABLE`` drops the triggers themselves).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> for sql in drop_outbox_triggers_sql(Table("outbox", MetaData())):
         ...     print(sql)
@@ -184,7 +184,7 @@ class OutboxTriggers(SchemaItem):
     `OutboxMixin` puts one in its ``__table_args__``; on a table of your own, pass one to
     ``Table(...)``. Only PostgreSQL runs it.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import Column, Integer, MetaData, Text
         >>> t = Table("outbox", MetaData(), Column("seq", Integer), OutboxTriggers())
         >>> len(t.dispatch.after_create), len(t.dispatch.after_drop)

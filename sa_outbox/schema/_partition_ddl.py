@@ -75,7 +75,7 @@ _STAMP = {"hour": "%Y%m%d%H", "day": "%Y%m%d", "week": "%Y%m%d", "month": "%Y%m"
 def check_partition_interval(value: object, what: str) -> PartitionInterval | None:
     """``value`` if it is one of `PARTITION_INTERVALS` or ``None``; else a clear error.
 
-    Example:
+    Examples:
         >>> check_partition_interval("daily", "__partition_interval__ of Job")
         Traceback (most recent call last):
         ...
@@ -94,7 +94,7 @@ def check_partition_interval(value: object, what: str) -> PartitionInterval | No
 def partition_interval_of(table: Table) -> PartitionInterval | None:
     """The interval a mixin's table is partitioned by; ``None`` when it is not partitioned.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> partition_interval_of(Table("jobs", MetaData(), info={PARTITION_INFO_KEY: "day"}))
         'day'
@@ -106,7 +106,7 @@ def partition_interval_of(table: Table) -> PartitionInterval | None:
 def interval_start(when: dt.datetime, interval: PartitionInterval) -> dt.datetime:
     """The start (UTC) of the partition interval holding ``when``.
 
-    Example:
+    Examples:
         >>> interval_start(dt.datetime(2030, 5, 17, 9, 45, tzinfo=dt.UTC), "month")
         datetime.datetime(2030, 5, 1, 0, 0, tzinfo=datetime.timezone.utc)
     """
@@ -124,7 +124,7 @@ def interval_start(when: dt.datetime, interval: PartitionInterval) -> dt.datetim
 def next_start(start: dt.datetime, interval: PartitionInterval) -> dt.datetime:
     """The start of the interval after the one starting at ``start``.
 
-    Example:
+    Examples:
         >>> next_start(dt.datetime(2030, 12, 1, tzinfo=dt.UTC), "month").date()
         datetime.date(2031, 1, 1)
     """
@@ -141,7 +141,7 @@ def next_start(start: dt.datetime, interval: PartitionInterval) -> dt.datetime:
 def partition_name(table_name: str, start: dt.datetime, interval: PartitionInterval) -> str:
     """The name of the partition of ``table_name`` starting at ``start``.
 
-    Example:
+    Examples:
         >>> partition_name("jobs", dt.datetime(2030, 1, 1, 7, tzinfo=dt.UTC), "hour")
         'jobs_p2030010107'
     """
@@ -152,7 +152,7 @@ def partition_name(table_name: str, start: dt.datetime, interval: PartitionInter
 def default_partition_name(table_name: str) -> str:
     """The name of a partitioned table's ``DEFAULT`` partition.
 
-    Example:
+    Examples:
         >>> default_partition_name("jobs")
         'jobs_default'
     """
@@ -162,7 +162,7 @@ def default_partition_name(table_name: str) -> str:
 def qualified_name(table: Table, name: str) -> str:
     """``name`` (a partition, a function) in ``table``'s schema, quoted as SQL needs it.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> qualified_name(Table("jobs", MetaData(), schema="w"), "jobs_default")
         'w.jobs_default'
@@ -185,7 +185,7 @@ def create_partitions_sql(
     """The ``DEFAULT`` partition, then a ``DO`` block creating the current interval's
     partition and ``ahead`` more, from the database's ``now()`` (UTC bounds).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> default, block = create_partitions_sql(Table("jobs", MetaData()), "day", None)
         >>> default
@@ -226,7 +226,7 @@ $sa_outbox$"""
 def dedup_trigger_name(table: Table) -> str:
     """The name of a partitioned job table's deduplication trigger (and its function).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> dedup_trigger_name(Table("jobs", MetaData()))
         'jobs_dedup'
@@ -245,7 +245,7 @@ def create_dedup_trigger_sql(table: Table) -> list[str]:
     query of a trigger takes a new snapshot, so it sees the committed row. Rows earlier in
     the same statement are seen too.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> function, trigger = create_dedup_trigger_sql(Table("jobs", MetaData()))
         >>> trigger
@@ -287,7 +287,7 @@ def drop_dedup_trigger_sql(table: Table) -> list[str]:
     """``DROP FUNCTION IF EXISTS`` of the dedup trigger's function (the table takes the
     trigger with it); harmless for a table that never had one.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> drop_dedup_trigger_sql(Table("jobs", MetaData(), schema="w"))
         ['DROP FUNCTION IF EXISTS w.jobs_dedup()']
@@ -306,7 +306,7 @@ def setup_sql(
     Unpartitioned: the storage settings. Partitioned: the partitions, with the settings,
     and for jobs the dedup trigger.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> setup_sql(Table("jobs", MetaData()), "job", None, {"fillfactor": 80})
         ['ALTER TABLE jobs SET (fillfactor = 80)']
@@ -325,7 +325,7 @@ class TableSetup(SchemaItem):
     """A table item of the mixins: the primary key of a partitioned table, and the DDL that
     follows ``CREATE TABLE`` in ``create_all`` (`setup_sql`).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import Column, DateTime, MetaData, Uuid
         >>> t = Table("jobs", MetaData(), Column("id", Uuid, primary_key=True),
         ...           Column("created_at", DateTime(timezone=True)),

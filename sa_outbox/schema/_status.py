@@ -28,7 +28,7 @@ class JobStatus(enum.StrEnum):
     ``cancelled`` (by `JobQueue.cancel`; a job cancelled while running keeps its lease token
     until its worker notices, at its next heartbeat, and ends it).
 
-    Example:
+    Examples:
         >>> JobStatus("running") is JobStatus.RUNNING
         True
     """
@@ -43,7 +43,7 @@ class JobStatus(enum.StrEnum):
 def job_status_enum(*, create_type: bool = True) -> Enum:
     """The ``job_status`` column type; it takes the schema of the table it is attached to.
 
-    Example:
+    Examples:
         >>> job_status_enum().enums
         ['pending', 'running', 'succeeded', 'failed', 'cancelled']
     """

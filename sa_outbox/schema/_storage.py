@@ -100,7 +100,7 @@ _PREPARER = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-
 def check_storage(value: object, what: str) -> Storage | None:
     """``value`` as a checked storage mapping (``None`` stays ``None``: server defaults).
 
-    Example:
+    Examples:
         >>> check_storage({"fillfactor": 90}, "__table_storage__ of Job")
         {'fillfactor': 90}
         >>> try:
@@ -136,7 +136,7 @@ def check_storage(value: object, what: str) -> Storage | None:
 def storage_of(table: Table) -> Storage | None:
     """The storage settings recorded on a mixin's table; ``None`` for any other table.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> storage_of(Table("t", MetaData())) is None
         True
@@ -154,7 +154,7 @@ def _value(setting: int | float | bool) -> str:
 def storage_clause(storage: Mapping[str, int | float | bool]) -> str:
     """``name = value, …`` for ``WITH (…)`` / ``SET (…)``; the values as PostgreSQL reads them.
 
-    Example:
+    Examples:
         >>> storage_clause({"autovacuum_analyze_scale_factor": 0.02})
         'autovacuum_analyze_scale_factor = 0.02'
     """
@@ -164,7 +164,7 @@ def storage_clause(storage: Mapping[str, int | float | bool]) -> str:
 def with_clause(storage: Mapping[str, int | float | bool] | None) -> str:
     """`` WITH (…)`` for ``CREATE TABLE``, or ``""`` when there is nothing to set.
 
-    Example:
+    Examples:
         >>> with_clause({"fillfactor": 80}), with_clause(None)
         (' WITH (fillfactor = 80)', '')
     """
@@ -186,7 +186,7 @@ def _normal(raw: object) -> object:
 def parse_reloptions(reloptions: Iterable[str] | None) -> dict[str, str]:
     """``pg_class.reloptions`` (``['fillfactor=80', …]``) as a dict, storage parameters only.
 
-    Example:
+    Examples:
         >>> parse_reloptions(["fillfactor=80", "toast.autovacuum_enabled=false"])
         {'fillfactor': '80'}
     """
@@ -201,7 +201,7 @@ def parse_reloptions(reloptions: Iterable[str] | None) -> dict[str, str]:
 def storage_from_reloptions(found: Mapping[str, str]) -> Storage:
     """`parse_reloptions`' text values as numbers and booleans, for an operation to render.
 
-    Example:
+    Examples:
         >>> storage_from_reloptions({"fillfactor": "80", "autovacuum_enabled": "off",
         ...                          "autovacuum_vacuum_scale_factor": "0.0"})
         {'fillfactor': 80, 'autovacuum_enabled': False, 'autovacuum_vacuum_scale_factor': 0.0}
@@ -223,7 +223,7 @@ def same_storage(
 
     ``0`` and ``0.0``, ``true`` and ``on`` are the same setting.
 
-    Example:
+    Examples:
         >>> same_storage({"fillfactor": 80, "autovacuum_enabled": True},
         ...              {"fillfactor": "80", "autovacuum_enabled": "on"})
         True
@@ -241,7 +241,7 @@ def _qualified(table: Table) -> str:
 def alter_storage_sql(table: Table, storage: Mapping[str, int | float | bool]) -> str:
     """``ALTER TABLE … SET (…)`` for a table just created (nothing to reset).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> alter_storage_sql(Table("jobs", MetaData(), schema="w"), {"fillfactor": 80})
         'ALTER TABLE w.jobs SET (fillfactor = 80)'
@@ -257,7 +257,7 @@ def set_storage_sql(table: Table, storage: Mapping[str, int | float | bool] | No
     block finds out which when it runs, so the SQL is the same offline
     (``alembic upgrade --sql``).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData
         >>> sql = set_storage_sql(Table("jobs", MetaData(), schema="w"), {"fillfactor": 80})
         >>> "' SET (fillfactor = 80)'" in sql and "to_regclass('w.jobs')" in sql

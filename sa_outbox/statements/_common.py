@@ -49,7 +49,7 @@ def serialise(payload: Any, what: str, dumps: Dumps, limit: int) -> str:
     `MAX_DEPTH` levels of nesting (`InvalidArgument`, naming the path of the bad value), and
     more than ``limit`` bytes (`PayloadTooLarge`).
 
-    Example:
+    Examples:
         >>> from sa_outbox.statements import compact_json
         >>> serialise({"to": ["a", "b\\x00"]}, "job kind 'send-email'", compact_json, 1024)
         Traceback (most recent call last):
@@ -86,7 +86,7 @@ def refuse_unstorable(text: str | None, payload: Any, what: str) -> None:
 
     ``text=None`` when serialising ran out of recursion: then it always raises.
 
-    Example:
+    Examples:
         >>> refuse_unstorable('{"a":"fine"}', {"a": "fine"}, "job kind 'k'")
     """
     found = unstorable_at(text, payload)
@@ -153,7 +153,7 @@ def locked_in_id_order(t: Table, pairs: Any, name: str, *conditions: ColumnEleme
     each other at most; each locking in its own order (the pairs' order, or whatever the
     plan meets first), they deadlock.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import Column, MetaData, Table, Uuid
         >>> t = Table("jobs", MetaData(), Column("id", Uuid), Column("lease_token", Uuid))
         >>> from sqlalchemy.dialects import postgresql

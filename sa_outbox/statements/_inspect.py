@@ -70,7 +70,7 @@ def count_jobs_by_queue_kind_status(target: object) -> Select[Any]:
     Reads the whole table (there is no index for it): fine for a status report, but run it
     no more often than every few seconds on a table of millions of rows.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -99,7 +99,7 @@ def job_alarms(
     whose lease has expired (their worker died or stalled; the reclaimer will take them).
     Each part is served by one of the table's partial indexes.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -129,7 +129,7 @@ def workers_holding_jobs(target: object, *, clock: Clock | None = None) -> Selec
     """The workers that hold ``running`` jobs now: ``worker_id, running, expired,
     lease_until`` (the latest lease), by worker id.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -173,7 +173,7 @@ def connected_workers() -> TextClause:
     very long worker id shows cut. Needs no privilege: every role sees the names of every
     session (``pg_stat_activity`` hides only other roles' queries).
 
-    Example:
+    Examples:
         >>> connected_workers().compile().params
         {'worker_prefix': 'sa-outbox worker '}
     """
@@ -189,7 +189,7 @@ def outbox_alarms(target: object, *, clock: Clock | None = None) -> Select[Any]:
     Both counts walk a partial index (the relay's ready index and the parked index), never
     the published history.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -228,7 +228,7 @@ def select_jobs(
     column itself, so that ``statuses="failed"`` walks the ``(status, updated_at)`` index
     newest first instead of reading the table).
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -272,7 +272,7 @@ def _select_by_id(target: object, row_id: object, what: str) -> Select[Any]:
 def select_job(target: object, job_id: object) -> Select[Any]:
     """Every column of one job (zero rows when there is none with that id).
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -291,7 +291,7 @@ def select_job(target: object, job_id: object) -> Select[Any]:
 def select_job_statuses(target: object, job_ids: list[Any]) -> Select[Any]:
     """``id, status`` (as text) of the jobs among ``job_ids`` that exist.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -311,7 +311,7 @@ def job_kind_exists(target: object, kind: str) -> Select[Any]:
     It stops at the first row found; for a kind no job has, on a large table, it reads the
     whole table (no index holds every job by kind).
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -334,7 +334,7 @@ def queue_throughput(
     finished), which the retention index ``(status, updated_at)`` serves; jobs already
     pruned are not counted.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -365,7 +365,7 @@ def select_events(target: object, *, parked: bool = False, limit: int = 50) -> S
     ``parked=False`` lists the relay's backlog (unpublished, not parked), ``parked=True``
     the parked events (what the broker kept rejecting).
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -387,7 +387,7 @@ def select_events(target: object, *, parked: bool = False, limit: int = 50) -> S
 def select_event(target: object, event_id: object) -> Select[Any]:
     """Every column of one outbox event (zero rows when there is none with that id).
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -403,7 +403,7 @@ def select_event(target: object, event_id: object) -> Select[Any]:
 def select_event_states(target: object, event_ids: list[Any]) -> Select[Any]:
     """``id, published_at, parked_at`` of the events among ``event_ids`` that exist.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase

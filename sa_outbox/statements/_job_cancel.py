@@ -55,7 +55,7 @@ def cancel_jobs(target: object, ids: Sequence[object], *, clock: Clock | None = 
     ``id`` order first (``FOR UPDATE``, waiting for a claim or a completion in progress),
     so the status changed is the current one: a job completed meanwhile is left alone.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -86,7 +86,7 @@ def cancel_jobs(target: object, ids: Sequence[object], *, clock: Clock | None = 
 def job_statuses(target: object, ids: Sequence[object]) -> Select[tuple[uuid.UUID, JobStatus]]:
     """``SELECT id, status`` of the given jobs (ids missing from the rows are unknown).
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -108,7 +108,7 @@ def held_cancelled_jobs(
     A worker runs it for the jobs its heartbeat found lost; a pair returned is still the
     row's token, so the job was cancelled (not reclaimed and taken by another worker).
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -135,7 +135,7 @@ def finish_cancelled_jobs(
     (whatever it returned: the job stays ``cancelled``). Fenced by the token, locked in
     ``id`` order like the other batched writes; returns ``id, token`` of the pairs ended.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase

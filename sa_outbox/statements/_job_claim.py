@@ -66,7 +66,7 @@ def claim_jobs(
     lists (``NOT EXISTS``, checked in the claim's own snapshot: whatever a worker believes,
     a queue paused before the claim starts is never claimed). ``None``: no such check.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.dialects import postgresql
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -230,7 +230,7 @@ def heartbeat_job(
     *and* the lease has not yet expired. Returns the new ``lease_until``; no row means the
     lease was lost.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -259,7 +259,7 @@ def heartbeat_jobs(
 ) -> Update:
     """`heartbeat_job` for many (id, token) pairs in one statement; returns the pairs renewed.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -292,7 +292,7 @@ def complete_job(
 ) -> Update:
     """Mark a job ``succeeded``, fenced by status and token; returns its id if it matched.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -332,7 +332,7 @@ def complete_jobs(
     pairs (``conn.execute(stmt, {COMPLETION_IDS: ids, COMPLETION_TOKENS: tokens})``), which
     spares it building and compiling a statement per batch.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -392,7 +392,7 @@ def complete_and_claim_jobs(
     statement. The pairs travel in the `COMPLETION_IDS` / `COMPLETION_TOKENS` parameters, so
     the statement is built once and run again with new arrays.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.dialects import postgresql

@@ -64,7 +64,7 @@ from ._job_defaults import _MAX_INT, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 class NewJob:
     """One job for `enqueue_jobs`; the same fields as `enqueue_job` takes.
 
-    Example:
+    Examples:
         >>> NewJob("send-email", {"to": "ana@example.com"}, deduplication_key="welcome:ana").queue
         'default'
     """
@@ -180,7 +180,7 @@ def enqueue_job(
     partitioned table (``__partition_interval__``) the statement has no ``ON CONFLICT``: the
     table's dedup trigger skips a taken key, with the same result (docs/partitions.md).
 
-    Example:
+    Examples:
         >>> from sqlalchemy.dialects import postgresql
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -240,7 +240,7 @@ def enqueue_job_template(target: object, *, clock: Clock | None = None) -> Retur
     `enqueue_job_values` checks and returns, so SQLAlchemy's compiled cache is hit and no
     statement is built per job. ``run_at`` is ``coalesce(:job_run_at, now + :job_delay)``.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox.schema import JobMixin
         >>> class Base(DeclarativeBase): pass
@@ -283,7 +283,7 @@ def precompiled(stmt: ReturningInsert[Any]) -> TextualSelect:
     that a statement built once is not compiled again at every execution. The text names
     its table as compiled: a ``schema_translate_map`` no longer applies to it.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox.schema import JobMixin
         >>> class Base(DeclarativeBase): pass
@@ -327,7 +327,7 @@ def enqueue_job_values(
     """The values of `enqueue_job_template`'s parameters for one job, checked as
     `enqueue_job` checks them (bad input raises here, before any SQL), with a new id.
 
-    Example:
+    Examples:
         >>> values = enqueue_job_values("index-book", {"book_id": 1}, delay=30)
         >>> values["job_payload"], values["job_delay"]
         ('{"book_id":1}', datetime.timedelta(seconds=30))
@@ -393,7 +393,7 @@ def enqueue_jobs(
     document (one object per job, payloads embedded as they were serialised): one string
     parameter for the driver to send, where arrays would be adapted element by element.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass

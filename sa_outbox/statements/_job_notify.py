@@ -44,7 +44,7 @@ def job_notify_channel_of(target: object) -> TextClause:
     The database resolves the table (a table declared without a schema is looked up on the
     ``search_path``), so the name is the one the trigger uses: ``"{schema}.{table}"``.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -61,7 +61,7 @@ def notify_jobs(target: object, queues: Iterable[str] | None = None) -> TextClau
     For jobs that became ready by an update (released, requeued): workers listening on the
     channel wake up at commit. ``queues`` names the queues concerned (``None``: any).
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -83,7 +83,7 @@ def notify_jobs(target: object, queues: Iterable[str] | None = None) -> TextClau
 def listen_sql(channel: str) -> str:
     """``LISTEN "channel"``, as a plain string for a driver connection in autocommit mode.
 
-    Example:
+    Examples:
         >>> listen_sql("work.jobs")
         'LISTEN "work.jobs"'
     """
@@ -96,7 +96,7 @@ def listen_sql(channel: str) -> str:
 def parse_notify_payload(payload: str) -> frozenset[str] | None:
     """The queues a job notification names; ``None`` when it names none in particular.
 
-    Example:
+    Examples:
         >>> sorted(parse_notify_payload('["default","emails"]'))
         ['default', 'emails']
         >>> parse_notify_payload("") is None

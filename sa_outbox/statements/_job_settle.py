@@ -61,7 +61,7 @@ def retry_job(
     ``attempts`` (the formula the reclaimer uses). Fenced by status and token; returns
     ``id, status, run_at``.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -102,7 +102,7 @@ def fail_job(
 ) -> Update:
     """Mark a job ``failed`` at once (a permanent error), fenced by status and token.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -132,7 +132,7 @@ def release_jobs(
     cleared, so the next worker takes the job at once and ``max_attempts`` still counts
     only real attempts. Returns ``id, token, queue`` of the pairs released.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -169,7 +169,7 @@ def snooze_delay(value: object) -> dt.timedelta:
     """Check a snooze's delay: a timedelta or a finite number of seconds, from 0 to
     `MAX_SNOOZE`; returns it as a timedelta.
 
-    Example:
+    Examples:
         >>> snooze_delay(90)
         datetime.timedelta(seconds=90)
         >>> snooze_delay(float("nan"))
@@ -209,7 +209,7 @@ def snooze_job(
     ``max_attempts`` counts only failed runs and crashes; ``last_error`` is left as it is.
     Fenced by status and token like every result write; returns ``id, run_at``.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -268,7 +268,7 @@ def reclaim_expired_jobs(
     ``limit`` rows, skipping rows locked by a concurrent completion. Returns
     ``id, status, worker_id, attempts`` of each reclaimed job.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -323,7 +323,7 @@ def requeue_failed_jobs(
     kept for the record; ``attempts`` restarts at 0 unless ``reset_attempts=False``.
     Returns the ids requeued.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -369,7 +369,7 @@ def retry_failed_jobs(
     combine with AND (none: every failed job). For a fresh start with all attempts, see
     `requeue_failed_jobs`. Returns ``id, queue`` of the jobs retried.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -418,7 +418,7 @@ def prune_jobs(
     picked with ``FOR UPDATE SKIP LOCKED`` so a prune never waits on (or holds up) the
     queue; run it until it deletes fewer than ``batch`` rows.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -453,7 +453,7 @@ def prune_jobs(
 def count_jobs_by_status(target: object) -> Select[tuple[JobStatus, int]]:
     """``SELECT status, count(*) … GROUP BY status``.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass

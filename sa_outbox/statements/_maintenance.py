@@ -61,7 +61,7 @@ def prune_lock(target: object) -> TextClause:
     the name the table resolves to, so every process pruning that table asks for the same
     lock. No row when the table does not exist.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -75,7 +75,7 @@ def prune_lock(target: object) -> TextClause:
 def table_stats(target: object) -> TextClause:
     """A table's vacuum statistics and sizes (``pg_stat_user_tables``, ``pg_*_size``).
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -89,7 +89,7 @@ def table_stats(target: object) -> TextClause:
 def xmin_holders(limit: int = 5) -> TextClause:
     """The other sessions of this database holding back the xmin horizon, oldest first.
 
-    Example:
+    Examples:
         >>> xmin_holders(3).compile().params
         {'holders': 3}
     """
@@ -99,7 +99,7 @@ def xmin_holders(limit: int = 5) -> TextClause:
 def oldest_ready_pending_age(target: object, *, clock: Clock | None = None) -> Select[Any]:
     """How long the oldest ready ``pending`` job (``run_at`` passed) has waited; NULL if none.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -117,7 +117,7 @@ def oldest_ready_pending_age(target: object, *, clock: Clock | None = None) -> S
 def count_events_by_state(target: object) -> Select[int, int, int]:
     """How many outbox events are published, unpublished (claimable) and parked; one row.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -156,7 +156,7 @@ def vacuum_candidates(target: object) -> TextClause:
     most dead tuples first. A partitioned parent has no statistics of its own: its
     partitions are listed instead.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -175,7 +175,7 @@ def vacuum_table(schema: str, name: str) -> TextClause:
     index pass when dead rows touch under 2 % of a big table's pages, which is exactly the
     case of a large history with a dead head in the ready index.
 
-    Example:
+    Examples:
         >>> str(vacuum_table("work", "jobs"))
         'VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) work.jobs'
     """

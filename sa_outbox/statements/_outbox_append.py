@@ -52,7 +52,7 @@ def append_event(
     Run it in the transaction that changes the business data: the event exists exactly
     when that change commits. ``aggregate_id`` is stored as text (ints and UUIDs welcome).
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -88,7 +88,7 @@ def append_event(
 class NewEvent:
     """One outbox row for `append_events`: the fields `append_event` takes.
 
-    Example:
+    Examples:
         >>> NewEvent("OrderPlaced", "order", "42", {"total_cents": 1200}).headers
     """
 
@@ -115,7 +115,7 @@ def append_events(
     statement and the ids given to the rows, in input order. One statement shape serves any
     number of events (it compiles once).
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -167,7 +167,7 @@ def check_event(
     For a check that must come before anything else happens (the session hooks check every
     domain event of a flush before the flush writes any row).
 
-    Example:
+    Examples:
         >>> check_event(NewEvent("OrderPlaced", "order", 42, {"total_cents": 1200}))
         >>> check_event(NewEvent("OrderPlaced", " ", 42, {}))
         Traceback (most recent call last):

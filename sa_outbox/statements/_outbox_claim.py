@@ -84,7 +84,7 @@ def select_claim_candidates(
     `select_aggregate_heads` looks past the window. `claim_events` checks every candidate
     again under its lock, so a stale candidate is harmless.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -120,7 +120,7 @@ def select_aggregate_heads(
     queued behind a parked one, neither make a claim read the whole backlog nor hide the
     other aggregates from it. A head is claimable when it is not parked and free.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -202,7 +202,7 @@ def claim_events(
     ``attempts + 1``; ``published_at`` is *not* touched — the order is claim → publish →
     `mark_event_published`.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass

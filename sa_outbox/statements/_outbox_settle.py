@@ -39,7 +39,7 @@ def mark_event_published(
 ) -> Update:
     """Set ``published_at`` after a successful publish, fenced by ``relay_token``.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -67,7 +67,7 @@ def mark_events_published(
 ) -> Update:
     """`mark_event_published` for many (id, relay_token) pairs; returns the pairs marked.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -106,7 +106,7 @@ def reject_events(
     (``relay_until`` moves to then), and so do the later events of its aggregate; other
     aggregates are not held back. Returns ``id, token, parked_at, attempts, relay_until``.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -174,7 +174,7 @@ def release_events(
     nothing and leaves every event its full ``max_attempts``. ``attempted=True`` keeps the
     attempt counted instead. Returns ``id, token`` of the pairs released.
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -209,7 +209,7 @@ def requeue_parked_events(
     Run it once the cause is fixed; relays take the events again, in their aggregates'
     order. ``last_error`` is kept until the next attempt. Returns the ids requeued.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -236,7 +236,7 @@ def requeue_parked_events(
 def select_parked_events(target: object) -> Select[Any]:
     """The parked events, oldest first: what the broker kept rejecting, and its last error.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -286,7 +286,7 @@ def outbox_notify_channel_of(target: object) -> TextClause:
     The database resolves the table (one declared without a schema is looked up on the
     ``search_path``), so the name is the one the trigger uses: ``"{schema}.{table}"``.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -303,7 +303,7 @@ def notify_relays(target: object) -> TextClause:
     For events that became claimable by an update (requeued): relays listening on the
     channel wake up at commit.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass
@@ -325,7 +325,7 @@ def prune_events(
 ) -> Delete:
     """Delete one batch of events published more than ``older_than`` ago; never unpublished.
 
-    Example:
+    Examples:
         >>> from sa_outbox.schema import OutboxMixin
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase): pass

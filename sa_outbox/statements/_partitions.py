@@ -91,7 +91,7 @@ def partition_lock(parent: object) -> TextClause:
     Session-level, because maintenance runs several short transactions: release it with
     `partition_unlock` on the same connection. No row when the table does not exist.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData, Table
         >>> partition_lock(Table("jobs", MetaData())).compile().params
         {'partitioned_table': 'jobs'}
@@ -103,7 +103,7 @@ def partition_lock(parent: object) -> TextClause:
 def partition_unlock(parent: object) -> TextClause:
     """Release the lock `partition_lock` took.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData, Table
         >>> "pg_advisory_unlock" in str(partition_unlock(Table("jobs", MetaData())))
         True
@@ -116,7 +116,7 @@ def table_layout(parent: object) -> TextClause:
     ``own_options`` (its ``reloptions``) and ``partition_options`` (the ``DEFAULT``
     partition's, else the first partition's). No row when the table does not exist.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData, Table
         >>> table_layout(Table("jobs", MetaData(), schema="w")).compile().params
         {'partitioned_table': 'w.jobs'}
@@ -129,7 +129,7 @@ def list_partitions(parent: object) -> TextClause:
     bounds as ``timestamptz``; ``NULL`` for the default partition), the default first,
     then by lower bound.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData, Table
         >>> "pg_inherits" in str(list_partitions(Table("jobs", MetaData())))
         True
@@ -140,7 +140,7 @@ def list_partitions(parent: object) -> TextClause:
 def partitions_in_schema(schema: str | None) -> TextClause:
     """The names of the tables of a schema (``None``: the current one) that are partitions.
 
-    Example:
+    Examples:
         >>> partitions_in_schema("work").compile().params
         {'schema': 'work'}
     """
@@ -150,7 +150,7 @@ def partitions_in_schema(schema: str | None) -> TextClause:
 def select_now(clock: Clock | None = None) -> Select[tuple[dt.datetime]]:
     """``SELECT now()`` as ``clock`` says it (the database's, or a `FakeClock`'s).
 
-    Example:
+    Examples:
         >>> str(select_now())
         'SELECT now() AS now_1'
     """
@@ -160,7 +160,7 @@ def select_now(clock: Clock | None = None) -> Select[tuple[dt.datetime]]:
 def set_lock_timeout(timeout: dt.timedelta) -> TextClause:
     """``lock_timeout`` for the rest of the transaction (``set_config(…, true)``).
 
-    Example:
+    Examples:
         >>> import datetime as dt
         >>> set_lock_timeout(dt.timedelta(seconds=5)).compile().params
         {'lock_timeout': '5000ms'}
@@ -174,7 +174,7 @@ def set_lock_timeout(timeout: dt.timedelta) -> TextClause:
 def lock_partition(parent: object, name: str, mode: LockMode = "EXCLUSIVE") -> DDL:
     """``LOCK TABLE partition IN … MODE`` (``EXCLUSIVE`` lets reads through, not writes).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData, Table
         >>> print(lock_partition(Table("jobs", MetaData()), "jobs_default").statement)
         LOCK TABLE jobs_default IN EXCLUSIVE MODE
@@ -187,7 +187,7 @@ def lock_partition(parent: object, name: str, mode: LockMode = "EXCLUSIVE") -> D
 def count_in_range(parent: object, name: str, lower: dt.datetime, upper: dt.datetime) -> TextClause:
     """How many rows of partition ``name`` have ``lower <= created_at < upper``.
 
-    Example:
+    Examples:
         >>> import datetime as dt
         >>> from sqlalchemy import MetaData, Table
         >>> day = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -213,7 +213,7 @@ def create_partition(
 ) -> DDL:
     """``CREATE TABLE name PARTITION OF parent FOR VALUES FROM (lower) TO (upper) WITH (…)``.
 
-    Example:
+    Examples:
         >>> import datetime as dt
         >>> from sqlalchemy import MetaData, Table
         >>> day = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -235,7 +235,7 @@ def create_table_like(
 ) -> DDL:
     """A table shaped like ``parent``, not attached yet (rows move in before it is).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData, Table
         >>> print(create_table_like(Table("jobs", MetaData()), "jobs_p20300101", None)
         ...       .statement)
@@ -255,7 +255,7 @@ def move_rows(
     table shaped like the parent, not attached): one ``DELETE … RETURNING`` feeding an
     ``INSERT``, so the rows are never in both nor in neither.
 
-    Example:
+    Examples:
         >>> import datetime as dt
         >>> from sqlalchemy import MetaData, Table
         >>> day = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -277,7 +277,7 @@ def move_rows(
 def attach_partition(parent: object, name: str, lower: dt.datetime, upper: dt.datetime) -> DDL:
     """``ALTER TABLE parent ATTACH PARTITION name FOR VALUES FROM (…) TO (…)``.
 
-    Example:
+    Examples:
         >>> import datetime as dt
         >>> from sqlalchemy import MetaData, Table
         >>> day = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -296,7 +296,7 @@ def detach_partition(parent: object, name: str) -> DDL:
     """``ALTER TABLE parent DETACH PARTITION name`` (not ``CONCURRENTLY``: PostgreSQL
     refuses that on a table with a default partition, and it cannot run in a transaction).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData, Table
         >>> print(detach_partition(Table("jobs", MetaData()), "jobs_p20300101").statement)
         ALTER TABLE jobs DETACH PARTITION jobs_p20300101
@@ -310,7 +310,7 @@ def detach_partition(parent: object, name: str) -> DDL:
 def drop_partition(parent: object, name: str) -> DDL:
     """``DROP TABLE name`` (a partition already detached).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData, Table
         >>> print(drop_partition(Table("jobs", MetaData(), schema="w"), "jobs_p20300101")
         ...       .statement)
@@ -329,7 +329,7 @@ def has_unfinished_rows(parent: object, name: str, kind: str) -> TextClause:
     """Whether partition ``name`` holds work not done: a ``pending`` or ``running`` job, or
     an event neither published nor parked. Either keeps the partition from being dropped.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import MetaData, Table
         >>> print(has_unfinished_rows(Table("jobs", MetaData()), "jobs_p20300101", "job"))
         SELECT EXISTS (SELECT 1 FROM jobs_p20300101 WHERE status IN ('pending', 'running'))

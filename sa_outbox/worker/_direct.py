@@ -54,7 +54,7 @@ class DriverStatement:
     """A statement compiled for psycopg: its SQL, and its bound values processed as
     SQLAlchemy would (``values`` replaces some of them at each run).
 
-    Example:
+    Examples:
         >>> import uuid
         >>> from sqlalchemy.dialects.postgresql import psycopg
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -158,7 +158,7 @@ class Rows:
     """A statement's rows (psycopg's tuples), with the part of SQLAlchemy's `Result` that
     the worker's operations use: iteration and `all`.
 
-    Example:
+    Examples:
         >>> [row[0] for row in Rows([(1, "a"), (2, "b")])], Rows([]).all()
         ([1, 2], [])
     """
@@ -201,7 +201,7 @@ def can_hold(engine: Engine) -> bool:
     """Whether the engine's pool has room for a held connection and another one (the
     keeper's heartbeats, a transaction): a pool of one connection is shared, not held.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import create_engine
         >>> can_hold(create_engine("postgresql+psycopg://", pool_size=1, max_overflow=0))
         False
@@ -223,7 +223,7 @@ def _split(step: Step) -> tuple[Executable, dict[str, Any] | None]:
 class HeldConnection:
     """The sync loop's autocommit connection, kept between batches (see the module doc).
 
-    Example:
+    Examples:
         held = HeldConnection(engine)
         written = held.run(core.write_op(results, claim))
         held.release()
@@ -289,7 +289,7 @@ class HeldConnection:
 class AsyncHeldConnection:
     """`HeldConnection` for asyncio: the `AsyncWorker` loop's autocommit connection.
 
-    Example:
+    Examples:
         held = AsyncHeldConnection(async_engine)
         written = await held.run(core.write_op(results, claim))
         await held.release()

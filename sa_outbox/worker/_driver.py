@@ -52,7 +52,7 @@ class Step:
     woken), or write ``results`` and claim ``claim`` jobs. ``cancel``: jobs whose handlers
     the async driver cancels (expired, or abandoned at the end of the grace period).
 
-    Example:
+    Examples:
         >>> Step(stop=True).claim
         0
     """
@@ -72,7 +72,7 @@ class Interrupted(BaseException):
     A BaseException, as KeyboardInterrupt is: no ``except Exception`` on the way swallows
     it, tenacity does not retry it, and SQLAlchemy invalidates the connection it broke.
 
-    Example:
+    Examples:
         >>> issubclass(Interrupted, Exception)
         False
     """
@@ -85,7 +85,7 @@ class KeeperPlan:
     A failed heartbeat is tried again within a second; the reclaimer runs every
     ``reclaim_interval`` ± 20 %, the first time after a quarter of it.
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace
         >>> settings = SimpleNamespace(heartbeat_interval=10.0, reclaim_interval=None)
         >>> plan = KeeperPlan(settings, now=0.0)

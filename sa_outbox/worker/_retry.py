@@ -57,7 +57,7 @@ def retrying(
 ) -> tenacity.Retrying:
     """A tenacity `Retrying` for one sync database operation.
 
-    Example:
+    Examples:
         >>> r = retrying("claim", stop=lambda: False, sleep=lambda s: None,
         ...              report=lambda op, e: None)
         >>> r(lambda: 42)
@@ -83,7 +83,7 @@ def async_retrying(
 ) -> tenacity.AsyncRetrying:
     """`retrying` for asyncio.
 
-    Example:
+    Examples:
         >>> import asyncio
         >>> async def sleep(s): pass
         >>> async def answer(): return 42
@@ -116,7 +116,7 @@ def call_retrying(
     failure is handed to tenacity as the first attempt's, so what follows — the report,
     the log line, the backoff, giving up — is as if tenacity had made that call.
 
-    Example:
+    Examples:
         >>> calls = []
         >>> def flaky():
         ...     calls.append(1)
@@ -160,7 +160,7 @@ async def async_call_retrying(
 ) -> T:
     """`call_retrying` for asyncio.
 
-    Example:
+    Examples:
         >>> import asyncio
         >>> async def answer(): return 42
         >>> async def sleep(s): pass

@@ -39,7 +39,7 @@ PREFETCH_BATCHES = 2
 def default_worker_id() -> str:
     """``host:pid:random``, unique enough to tell workers apart in ``worker_id``.
 
-    Example:
+    Examples:
         >>> default_worker_id().count(":")
         2
     """
@@ -133,7 +133,7 @@ def make_settings(
 def error_text(error: BaseException, limit: int) -> str:
     """``last_error`` for an exception: its type and message, then the traceback's head.
 
-    Example:
+    Examples:
         >>> try:
         ...     raise ValueError("bad input")
         ... except ValueError as exc:

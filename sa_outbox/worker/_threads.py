@@ -15,7 +15,7 @@ from collections.abc import Callable
 class DaemonPool:
     """``size`` daemon threads running the callables given to `submit`, in order.
 
-    Example:
+    Examples:
         >>> import threading
         >>> done = threading.Event()
         >>> pool = DaemonPool(2, "example")

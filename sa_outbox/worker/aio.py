@@ -57,7 +57,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
     Plain (sync) handlers run in threads, where, as in `Worker`, a timeout cancels the job's
     token. Signals (SIGTERM, SIGINT) are handled when `run` runs in the main thread.
 
-    Example:
+    Examples:
         worker = AsyncWorker(app, async_engine, queues="emails", concurrency=50)
         await worker.run()
     """
@@ -114,7 +114,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
     async def run(self) -> None:
         """Work until `stop` (or SIGTERM / SIGINT), then shut down gracefully.
 
-        Example:
+        Examples:
             asyncio.run(AsyncWorker(app, async_engine).run())
         """
         if self._running:
@@ -462,7 +462,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         Call it from the worker's event loop (``loop.call_soon_threadsafe(worker.stop)``
         from another thread).
 
-        Example:
+        Examples:
             asyncio.get_running_loop().call_later(60, worker.stop)
             await worker.run()
         """
@@ -498,7 +498,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
     def close(self) -> None:
         """Stop the handler threads (after their current job); `run` does it on return.
 
-        Example:
+        Examples:
             worker.close()
         """
         threads, self._threads = self._threads, None
@@ -557,7 +557,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
     async def prune(self) -> PruneReport:
         """See `Worker.prune`.
 
-        Example:
+        Examples:
             worker = AsyncWorker(app, async_engine, retention=Retention(succeeded=86400))
             (await worker.prune()).succeeded
             # -> 0
@@ -569,7 +569,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
     async def prune_due(self) -> PruneReport | None:
         """See `Worker.prune_due`.
 
-        Example:
+        Examples:
             await worker.prune_due()
             # -> None
         """
@@ -584,7 +584,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         `sa_outbox.Vacuumer`); the keeper calls this every ``vacuum.interval``. ``None`` when
         the worker was built with ``vacuum=None``.
 
-        Example:
+        Examples:
             report = await worker.vacuum()
         """
         if self.vacuumer is None:

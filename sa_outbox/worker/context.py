@@ -33,7 +33,7 @@ __all__ = ["CancelReason", "CancelToken", "JobContext"]
 class CancelReason(enum.StrEnum):
     """Why a job's token was cancelled.
 
-    Example:
+    Examples:
         >>> CancelReason("lease lost") is CancelReason.LEASE_LOST
         True
     """
@@ -58,7 +58,7 @@ class CancelToken:
     or ``await wait_async()`` (asyncio) instead of sleeping, or calls `raise_if_cancelled`.
     The first reason given sticks.
 
-    Example:
+    Examples:
         >>> token = CancelToken()
         >>> token.wait(timeout=0)
         False
@@ -159,7 +159,7 @@ class JobContext:
     and `enqueue`, for follow-up jobs. ``claimed`` is the `ClaimedJob` as the claim returned
     it (raw payload included).
 
-    Example:
+    Examples:
         def send_receipt(job: JobContext) -> None:
             order = load_order(job.payload["order_id"])
             if job.cancel.cancelled:

@@ -35,7 +35,7 @@ class DatabaseUnreachable(SaOutboxError):
     """A worker could not use its database at start-up: a wrong URL, role or password, or
     no answer within ``startup_timeout``. Outages after the first connection are ridden out.
 
-    Example:
+    Examples:
         >>> str(DatabaseUnreachable("Worker cannot use postgresql://app@db:5999/app: refused"))
         'Worker cannot use postgresql://app@db:5999/app: refused'
     """
@@ -47,7 +47,7 @@ class PermanentError(SaOutboxError):
     Any other exception is transient: the job goes back to ``pending`` after its backoff,
     until ``max_attempts``.
 
-    Example:
+    Examples:
         >>> def charge(job):
         ...     if job.payload["amount"] <= 0:
         ...         raise PermanentError(f"nothing to charge: {job.payload['amount']}")
@@ -57,7 +57,7 @@ class PermanentError(SaOutboxError):
 class UnknownJobKind(PermanentError):
     """A claimed job whose kind no handler is registered for.
 
-    Example:
+    Examples:
         >>> str(UnknownJobKind("no handler for job kind 'x'"))
         "no handler for job kind 'x'"
     """
@@ -66,7 +66,7 @@ class UnknownJobKind(PermanentError):
 class InvalidPayload(PermanentError):
     """A payload the kind's ``parse`` function refused.
 
-    Example:
+    Examples:
         >>> str(InvalidPayload("payload of job kind 'x' is invalid: 'to' is missing"))
         "payload of job kind 'x' is invalid: 'to' is missing"
     """
@@ -75,7 +75,7 @@ class InvalidPayload(PermanentError):
 class JobTimeout(SaOutboxError):
     """A job that ran longer than its kind's timeout; it is retried like a transient error.
 
-    Example:
+    Examples:
         >>> str(JobTimeout("job kind 'slow' ran longer than its timeout of 30 s"))
         "job kind 'slow' ran longer than its timeout of 30 s"
     """
@@ -87,7 +87,7 @@ class JobCancelled(SaOutboxError):
     A handler that lets it propagate after a shutdown or a lost lease gives the job back
     without counting the attempt (the worker releases it, fenced by its token).
 
-    Example:
+    Examples:
         >>> str(JobCancelled("shutdown"))
         'shutdown'
     """
@@ -105,7 +105,7 @@ class Snooze(SaOutboxError):
     the handler, which then fails the job with that message (nothing is lost: the job is
     ``failed``, with the reason in ``last_error``).
 
-    Example:
+    Examples:
         >>> Snooze(90).delay
         datetime.timedelta(seconds=90)
         >>> Snooze(-1)

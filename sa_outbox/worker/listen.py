@@ -57,7 +57,7 @@ class Listener:
     ``probe(channel)`` sends ``pg_notify(channel, '')`` through the engine; it is called
     only when the connection goes through a pooler, to check that notifications arrive.
 
-    Example:
+    Examples:
         listener = Listener(connect, lambda: "public.jobs", on_notify=worker_wake)
         listener.start()
     """
@@ -185,7 +185,7 @@ class Listener:
 class AsyncListener:
     """`Listener` as an asyncio task, on a psycopg ``AsyncConnection``.
 
-    Example:
+    Examples:
         listener = AsyncListener(connect, channel, on_notify=worker_wake)
         listener.start()
         ...

@@ -27,7 +27,7 @@ __all__ = ["CountingMetrics", "JobOutcome", "WorkerMetrics"]
 class JobOutcome(enum.StrEnum):
     """What became of a job a worker ran (or tried to run).
 
-    Example:
+    Examples:
         >>> [str(o) for o in JobOutcome]
         ['succeeded', 'retried', 'failed', 'released', 'lost', 'snoozed', 'cancelled']
     """
@@ -51,7 +51,7 @@ class JobOutcome(enum.StrEnum):
 class WorkerMetrics:
     """The hooks a worker calls; every method does nothing unless overridden.
 
-    Example:
+    Examples:
         class PrometheusMetrics(WorkerMetrics):
             def job_finished(self, kind, outcome, seconds):
                 JOBS.labels(kind, outcome).inc()
@@ -84,7 +84,7 @@ class CountingMetrics(WorkerMetrics):
     """`WorkerMetrics` that count in memory: ``counts[(kind, outcome)]``, ``seconds[kind]``,
     ``totals[name]`` for the other hooks.
 
-    Example:
+    Examples:
         >>> m = CountingMetrics()
         >>> m.batch_written(20, 20, 0.004)
         >>> m.totals["acknowledged"], m.totals["claimed"]
@@ -126,7 +126,7 @@ class CountingMetrics(WorkerMetrics):
     def outcomes(self, kind: str | None = None) -> dict[JobOutcome, int]:
         """Counts by outcome, for one kind or all of them.
 
-        Example:
+        Examples:
             >>> m = CountingMetrics()
             >>> m.job_finished("a", JobOutcome.FAILED, 0.1)
             >>> m.outcomes()[JobOutcome.FAILED]

@@ -97,7 +97,7 @@ class Reclaimer(_Base):
 
     ``source`` is a `JobApp` (its model and backoff) or a job model / table.
 
-    Example:
+    Examples:
         reclaimer = Reclaimer(app, engine)
         returned = reclaimer.run_once()
     """
@@ -157,7 +157,7 @@ class Reclaimer(_Base):
 class AsyncReclaimer(_Base):
     """`Reclaimer` for asyncio, on an `AsyncEngine`.
 
-    Example:
+    Examples:
         reclaimer = AsyncReclaimer(app, async_engine)
         await reclaimer.run_once()
     """

@@ -52,7 +52,7 @@ def _seconds(value: dt.timedelta | float) -> float:
 def backoff_wait(backoff: Backoff, *, jitter: bool = True) -> wait_base:
     """A tenacity wait strategy for ``min(base * 2**(attempts - 1), max) + uniform(0, jitter)``.
 
-    Example:
+    Examples:
         >>> wait = backoff_wait(Backoff(base=2, max=60, jitter=0))
         >>> import tenacity
         >>> state = tenacity.RetryCallState(tenacity.Retrying(), None, (), {})
@@ -73,7 +73,7 @@ def backoff_wait(backoff: Backoff, *, jitter: bool = True) -> wait_base:
 class HandlerSpec:
     """A registered handler and its per-kind options (see `JobApp.handler`).
 
-    Example:
+    Examples:
         >>> spec = HandlerSpec.build("ping", lambda job: None)
         >>> spec.kind, spec.timeout, spec.is_async
         ('ping', None, False)
@@ -172,7 +172,7 @@ class JobApp:
     schedule alone) enqueue a job of a kind at every tick of a cron expression or interval;
     `schedules` lists them. See docs/worker.md, "Periodic jobs".
 
-    Example:
+    Examples:
         app = JobApp(Job, backoff=Backoff(base=1, max=300, jitter=1))
 
         @app.handler("send-email", timeout=30, permanent=(InvalidAddress,))
@@ -224,7 +224,7 @@ class JobApp:
     ) -> HandlerSpec:
         """Register ``function`` for ``kind`` (once per kind); see the class for the options.
 
-        Example:
+        Examples:
             app.register("resize-image", resize_image, timeout=120)
         """
         spec = HandlerSpec.build(
@@ -252,7 +252,7 @@ class JobApp:
     ) -> Callable[[F], F]:
         """Decorator: register the function for ``kind`` and return it unchanged.
 
-        Example:
+        Examples:
             @app.handler("send-email", timeout=30)
             def send_email(job: JobContext) -> None: ...
         """
@@ -295,7 +295,7 @@ class JobApp:
         ``backfill``; the job gets ``queue``, ``payload``, ``priority``, ``max_attempts``,
         and ``run_at`` = the tick.
 
-        Example:
+        Examples:
             app.schedule("0 3 * * *", kind="cleanup", tz="Europe/Lisbon")
         """
         schedule = Schedule.build(
@@ -343,7 +343,7 @@ class JobApp:
         ``@app.handler(kind, ...)`` on the same function, it adds only the schedule, so the
         handler keeps all of `handler`'s options. Bad input raises here, at registration.
 
-        Example:
+        Examples:
             @app.periodic("*/5 * * * *", kind="report", tz="Europe/Lisbon")
             def report(job: JobContext) -> None: ...
         """

@@ -100,7 +100,7 @@ class Schedule:
 
     Build one with `JobApp.periodic` or `JobApp.schedule`; they call `build`.
 
-    Example:
+    Examples:
         >>> import datetime as dt
         >>> s = Schedule.build("cleanup", every=3600, missed="backfill", backfill=2)
         >>> [t.hour for t in s.last_ticks(dt.datetime(2030, 1, 1, 5, 30, tzinfo=dt.UTC))]
@@ -207,7 +207,7 @@ class Schedule:
     def next_tick(self, after: dt.datetime) -> dt.datetime:
         """The first tick strictly after ``after`` (timezone-aware), in UTC.
 
-        Example:
+        Examples:
             >>> import datetime as dt
             >>> s = Schedule.build("hourly", every=dt.timedelta(hours=1))
             >>> s.next_tick(dt.datetime(2030, 1, 1, 9, tzinfo=dt.UTC)).hour
@@ -275,7 +275,7 @@ def periodic_tick(deduplication_key: str | None) -> dt.datetime | None:
     """The tick a periodic job was enqueued for, from its deduplication key (``None``: not
     a periodic job). In a handler: ``periodic_tick(job.deduplication_key)``.
 
-    Example:
+    Examples:
         >>> periodic_tick("periodic:report@2030-01-01T00:05:00+00:00").minute
         5
         >>> periodic_tick("welcome:ana") is None
@@ -309,7 +309,7 @@ class Scheduler:
     Sans-I/O: `due` says which jobs to enqueue, `done` records that they were (after the
     commit); `run_op` does both around the statements, for either driver.
 
-    Example:
+    Examples:
         >>> import datetime as dt
         >>> start = dt.datetime(2030, 1, 1, 0, 2, tzinfo=dt.UTC)
         >>> scheduler = Scheduler([Schedule.build("report", every=300)])

@@ -124,7 +124,7 @@ class Supervisor:
     ``worker_id`` is the supervisor's own, suffixed per child). ``run`` returns after every
     child stopped. `stop` may be called from another thread.
 
-    Example:
+    Examples:
         Supervisor("myapp.tasks:app", url, processes=4).run()
     """
 
@@ -192,7 +192,7 @@ class Supervisor:
         """Start the children, keep them running, stop them on a signal; returns 0, or 1 if
         a child did not stop within its grace period and was killed.
 
-        Example:
+        Examples:
             status = Supervisor("myapp.tasks:app", url, processes=2).run()
         """
         restore = self._install_signals() if self.install_signal_handlers else None
@@ -251,7 +251,7 @@ class Supervisor:
     def stop(self, *, now: bool = False) -> None:
         """Stop every child gracefully (a second call, or ``now``: at once). Thread-safe.
 
-        Example:
+        Examples:
             threading.Timer(60, supervisor.stop).start()
         """
         self._stopping += 2 if now else 1

@@ -94,7 +94,7 @@ class Worker(DriverBase[Engine]):
     SQL clock (a `FakeClock` in tests) and ``timer`` the local one (timeouts, local lease
     deadlines): ``timer=lambda: clock.now().timestamp()`` moves both together.
 
-    Example:
+    Examples:
         worker = Worker(app, engine, queues=["default", "emails"], concurrency=16)
         worker.run()  # returns after SIGTERM / SIGINT / worker.stop()
 
@@ -151,7 +151,7 @@ class Worker(DriverBase[Engine]):
     def run(self) -> None:
         """Work until `stop` (or SIGTERM / SIGINT), then shut down gracefully.
 
-        Example:
+        Examples:
             Worker(app, engine, queues="emails", concurrency=16).run()
         """
         with self._cond:
@@ -442,7 +442,7 @@ class Worker(DriverBase[Engine]):
     def stop(self, *, now: bool = False) -> None:
         """Ask `run` to stop gracefully (``now=True``: skip the grace period). Thread-safe.
 
-        Example:
+        Examples:
             threading.Timer(60, worker.stop).start()
             worker.run()  # returns after a minute, and the grace period
         """
@@ -474,7 +474,7 @@ class Worker(DriverBase[Engine]):
     def close(self) -> None:
         """Stop the handler threads (after their current job); `run` does it on return.
 
-        Example:
+        Examples:
             worker.close()
         """
         pool, self._pool = self._pool, None
@@ -494,7 +494,7 @@ class Worker(DriverBase[Engine]):
         handler threads, plus the jobs that may wait for one; up to ``batch``), in one
         transaction; start them. Returns how many.
 
-        Example:
+        Examples:
             worker.claim()
             # -> 10
         """
@@ -507,7 +507,7 @@ class Worker(DriverBase[Engine]):
         """Wait until no handler is running and no claimed job waits for one; False if
         ``timeout`` passed first.
 
-        Example:
+        Examples:
             assert worker.wait_for_handlers(timeout=10)
         """
         with self._cond:
@@ -516,7 +516,7 @@ class Worker(DriverBase[Engine]):
     def flush(self) -> int:
         """Write the results ready so far (one transaction); returns how many.
 
-        Example:
+        Examples:
             worker.flush()
             # -> 10
         """
@@ -529,7 +529,7 @@ class Worker(DriverBase[Engine]):
     def check_timeouts(self) -> int:
         """Give up the jobs past their kind's timeout (cancel, retry); returns how many.
 
-        Example:
+        Examples:
             clock.advance(31)  # past a timeout of 30 s, with timer=clock-based
             worker.check_timeouts()
             # -> 1
@@ -543,7 +543,7 @@ class Worker(DriverBase[Engine]):
         Returns what the statement renewed and found lost (``None``: nothing held). A
         heartbeat that fails raises, after cancelling the jobs whose lease may have expired.
 
-        Example:
+        Examples:
             worker.heartbeat().lost
             # -> []
         """
@@ -569,7 +569,7 @@ class Worker(DriverBase[Engine]):
     def prune(self) -> PruneReport:
         """Prune the job table now, by the ``retention`` policy (see `Pruner`).
 
-        Example:
+        Examples:
             worker = Worker(app, engine, retention=Retention(succeeded=86400))
             worker.prune().succeeded
             # -> 0
@@ -582,7 +582,7 @@ class Worker(DriverBase[Engine]):
         """Prune if ``retention.interval`` (± 20 %) has passed since the last time; the keeper
         calls this. Returns the report, or ``None`` when not due (or no policy).
 
-        Example:
+        Examples:
             worker.prune_due()
             # -> None
         """
@@ -597,7 +597,7 @@ class Worker(DriverBase[Engine]):
         `sa_outbox.Vacuumer`); the keeper calls this every ``vacuum.interval``. ``None`` when
         the worker was built with ``vacuum=None``.
 
-        Example:
+        Examples:
             report = worker.vacuum()
         """
         if self.vacuumer is None:
@@ -611,7 +611,7 @@ class Worker(DriverBase[Engine]):
         clock (``now`` read in SQL, so a `FakeClock`'s); the keeper calls this at every tick.
         Returns the ticks, each ``inserted`` unless another worker enqueued it first.
 
-        Example:
+        Examples:
             [tick.at for tick in worker.run_schedules() if tick.inserted]
         """
         if self.scheduler is None:
@@ -623,7 +623,7 @@ class Worker(DriverBase[Engine]):
     def reclaim(self) -> list[ReclaimedJob]:
         """Run the reclaimer once (every expired lease of the table, not only this worker's).
 
-        Example:
+        Examples:
             worker.reclaim()
             # -> []
         """
@@ -635,7 +635,7 @@ class Worker(DriverBase[Engine]):
         Returns how many jobs were claimed. Handlers still running after ``timeout`` keep
         their jobs; a later call writes their results.
 
-        Example:
+        Examples:
             while worker.run_once():
                 pass
         """
@@ -648,7 +648,7 @@ class Worker(DriverBase[Engine]):
     def drain(self, timeout: float | None = None) -> int:
         """`run_once` until a claim finds nothing; returns how many jobs were claimed.
 
-        Example:
+        Examples:
             with Worker(app, engine, listen=False) as worker:
                 worker.drain()
         """
