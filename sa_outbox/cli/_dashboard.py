@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import CommandError, _add_command, _add_database_url, _positive_int
+from ._common import CommandError, _add_command, _add_database_url, _not_negative_int
 from ._targets import add_job_target, add_outbox_target, database, job_table, outbox_table
 
 _EXAMPLE = """\
@@ -30,7 +30,11 @@ def _add_dashboard(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     parser.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
     parser.add_argument(
-        "--port", metavar="N", type=_positive_int, default=8080, help="(default: %(default)s)"
+        "--port",
+        metavar="N",
+        type=_not_negative_int,
+        default=8080,
+        help="0: any free port, printed at start (default: %(default)s)",
     )
     parser.add_argument(
         "--read-only", action="store_true", help="show only: no retry or cancel buttons"
@@ -45,7 +49,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     try:
         # Imported here, not at the top: Flask is an optional extra and the other commands
         # must run without it.
-        from werkzeug.serving import run_simple
+        from werkzeug.serving import make_server
 
         from ..dashboard import create_app
     except ImportError as exc:
@@ -57,6 +61,12 @@ def _dashboard(args: argparse.Namespace) -> int:
             jobs = job_table(args, conn)
             outbox = outbox_table(args, conn, required=False)
         app = create_app(engine, jobs=jobs, outbox=outbox, read_only=args.read_only)
-        print(f"sa-outbox dashboard on http://{args.host}:{args.port}/ (Ctrl-C stops it)")
-        run_simple(args.host, args.port, app, threaded=True)
+        server = make_server(args.host, args.port, app, threaded=True)
+        try:
+            # Printed once the port is bound: a script may wait for this line.
+            url = f"http://{args.host}:{server.server_port}/"
+            print(f"sa-outbox dashboard on {url} (Ctrl-C stops it)", flush=True)
+            server.serve_forever()
+        finally:
+            server.server_close()
     return 0
