@@ -11,9 +11,10 @@ from flask import Flask
 
 import sa_outbox
 from sa_outbox.cli import given_database_url
+from sa_outbox.dashboard import dashboard_blueprint
 
 from .commands import register
-from .models import Job, db
+from .models import Job, OutboxEvent, db
 from .views import bp
 
 HERE = Path(__file__).parent
@@ -43,6 +44,12 @@ def create_app(
     # sa_outbox.enqueue(db.session, ...) knows the job model.
     sa_outbox.install(db, job_model=Job)
     app.register_blueprint(bp)
+    # The queue's dashboard (docs/dashboard.md). Open to anyone here, as the whole shop is;
+    # a real app passes authorize= its own admin check.
+    app.register_blueprint(
+        dashboard_blueprint(lambda: db.engine, jobs=Job, outbox=OutboxEvent),
+        url_prefix="/admin/queue",
+    )
     register(app)
     if migrate:
         with app.app_context():

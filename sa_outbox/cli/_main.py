@@ -25,6 +25,7 @@ from ._common import (
     database_url,
     given_database_url,
 )
+from ._dashboard import _add_dashboard
 from ._demo import MAX_DEMO_JOBS, format_report, run_demo
 from ._jobs import _add_jobs
 from ._maintenance import _add_health, _add_partitions, _add_prune
@@ -138,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_status(commands)
     _add_queues(commands)
     _add_outbox(commands)
+    _add_dashboard(commands)
     return parser
 
 

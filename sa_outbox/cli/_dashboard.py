@@ -1,0 +1,72 @@
+"""``sa-outbox dashboard``: serve the web dashboard (sa_outbox.dashboard) alone."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import CommandError, _add_command, _add_database_url, _not_negative_int
+from ._targets import add_job_target, add_outbox_target, database, job_table, outbox_table
+
+_EXAMPLE = """\
+example:
+  sa-outbox dashboard --port 8080 --model myapp.models:Job --outbox-model myapp.models:OutboxEvent
+  sa-outbox dashboard --read-only --jobs-table public.jobs
+
+Serves on 127.0.0.1 by default and has no login: put it behind your own authentication
+before serving it on another address (docs/dashboard.md). Needs pip install "sa-outbox[dashboard]".
+"""
+
+
+def _add_dashboard(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = _add_command(
+        commands,
+        "dashboard",
+        help="serve the web dashboard: counts, jobs, failed jobs and their errors, retries",
+        description=(
+            "Serve the web dashboard (queue overview, jobs list and detail, retry, cancel, "
+            "parked outbox events) until interrupted."
+        ),
+        epilog=_EXAMPLE,
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
+    parser.add_argument(
+        "--port",
+        metavar="N",
+        type=_not_negative_int,
+        default=8080,
+        help="0: any free port, printed at start (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--read-only", action="store_true", help="show only: no retry or cancel buttons"
+    )
+    add_job_target(parser)
+    add_outbox_target(parser)
+    _add_database_url(parser)
+    parser.set_defaults(handler=_dashboard)
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    try:
+        # Imported here, not at the top: Flask is an optional extra and the other commands
+        # must run without it.
+        from werkzeug.serving import make_server
+
+        from ..dashboard import create_app
+    except ImportError as exc:
+        raise CommandError(
+            f'the dashboard needs Flask ({exc}): pip install "sa-outbox[dashboard]"'
+        ) from None
+    with database(args) as engine:
+        with engine.connect() as conn:
+            jobs = job_table(args, conn)
+            outbox = outbox_table(args, conn, required=False)
+        app = create_app(engine, jobs=jobs, outbox=outbox, read_only=args.read_only)
+        server = make_server(args.host, args.port, app, threaded=True)
+        try:
+            # Printed once the port is bound: a script may wait for this line.
+            url = f"http://{args.host}:{server.server_port}/"
+            print(f"sa-outbox dashboard on {url} (Ctrl-C stops it)", flush=True)
+            server.serve_forever()
+        finally:
+            server.server_close()
+    return 0

@@ -1,0 +1,217 @@
+"""`dashboard_blueprint`: the pages and the actions of the dashboard, as a Flask blueprint."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from flask import Blueprint, Response, make_response, redirect, render_template, request, url_for
+from sqlalchemy import Engine
+from werkzeug.wrappers import Response as BaseResponse
+
+from .. import statements as st
+from .._exceptions import InvalidArgument
+from ..queue import (
+    JobQueue,
+    JobRow,
+    get_event,
+    get_job,
+    list_events,
+    queue_status,
+    retry_failed,
+    retry_parked,
+)
+from ..schema import JobStatus
+from ._csrf import CSRF_COOKIE, CSRF_FIELD, csrf_ok, token_of
+
+__all__ = ["CSRF_COOKIE", "dashboard_blueprint"]
+
+#: Jobs per page of the jobs list.
+PAGE_SIZE = 50
+_STATUSES = tuple(str(s) for s in JobStatus)
+
+
+def _page(message: str, code: int) -> Response:
+    response = make_response(render_template("sa_outbox_dashboard/error.html", message=message))
+    response.status_code = code
+    return response
+
+
+def _uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+def dashboard_blueprint(
+    engine: Engine | Callable[[], Engine],
+    *,
+    jobs: object,
+    outbox: object | None = None,
+    read_only: bool = False,
+    authorize: Callable[[], bool] | None = None,
+    name: str = "sa_outbox_dashboard",
+) -> Blueprint:
+    """A Flask blueprint showing the job table (and the outbox, when given) and steering it.
+
+    ``engine`` is an `Engine` or a callable returning one (``lambda: db.engine`` with
+    Flask-SQLAlchemy, called in the request). ``read_only=True`` hides the buttons and
+    refuses every POST with 403. ``authorize``, when given, is called on every request and
+    a false answer is a 403 (put your login check there). Every action is a POST with a CSRF
+    token from a cookie of the dashboard's own: the host app needs no ``SECRET_KEY``.
+
+    Example:
+        >>> from flask import Flask
+        >>> from sqlalchemy import create_engine
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox import JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> app = Flask("shop")
+        >>> app.register_blueprint(
+        ...     dashboard_blueprint(create_engine("postgresql+psycopg://"), jobs=Job),
+        ...     url_prefix="/admin/queue")
+        >>> sorted(r.rule for r in app.url_map.iter_rules() if "retry" in r.rule)[0]
+        '/admin/queue/jobs/<job_id>/retry'
+    """
+    bp = Blueprint(name, __name__, template_folder="templates")
+    get_engine: Callable[[], Engine] = engine if callable(engine) else (lambda: engine)
+
+    @bp.before_request
+    def _guard() -> Response | None:
+        if authorize is not None and not authorize():
+            return _page("not authorised to see this dashboard", 403)
+        if request.method == "POST":
+            if read_only:
+                return _page("this dashboard is read-only", 403)
+            if not csrf_ok(request):
+                return _page("the form's CSRF token is missing or wrong; reload the page", 403)
+        return None
+
+    @bp.after_request
+    def _set_token(response: Response) -> Response:
+        token, new = token_of(request)
+        if new:
+            response.set_cookie(
+                CSRF_COOKIE,
+                token,
+                httponly=True,
+                samesite="Strict",
+                secure=request.is_secure,
+                path=url_for(f"{name}.overview"),
+            )
+        return response
+
+    def render(template: str, **context: Any) -> str:
+        return render_template(
+            f"sa_outbox_dashboard/{template}",
+            bp=name,
+            csrf_field=CSRF_FIELD,
+            csrf_token=token_of(request)[0],
+            read_only=read_only,
+            has_outbox=outbox is not None,
+            **context,
+        )
+
+    @bp.get("/")
+    def overview() -> str:
+        with get_engine().connect() as conn:
+            status = queue_status(conn, jobs=jobs, outbox=outbox)
+            parked = [] if outbox is None else list_events(conn, outbox, parked=True)
+        return render("overview.html", status=status, parked=parked)
+
+    @bp.get("/jobs")
+    def job_list() -> str | Response:
+        status = request.args.get("status") or None
+        kind = request.args.get("kind") or None
+        queue = request.args.get("queue") or None
+        if status is not None and status not in _STATUSES:
+            return _page(f"unknown status {status!r}: one of {', '.join(_STATUSES)}", 400)
+        raw_page = request.args.get("page", "1")
+        if not (raw_page.isascii() and raw_page.isdigit()) or int(raw_page) < 1:
+            return _page(f"page must be a whole number from 1, got {raw_page!r}", 400)
+        page = int(raw_page)
+        stmt = st.select_jobs(
+            jobs, statuses=status, kinds=kind, queues=queue, limit=PAGE_SIZE + 1
+        ).offset((page - 1) * PAGE_SIZE)
+        with get_engine().connect() as conn:
+            found = [
+                JobRow(**{**row._asdict(), "status": str(row.status)}) for row in conn.execute(stmt)
+            ]
+        filters = {"status": status or "", "kind": kind or "", "queue": queue or ""}
+        return render(
+            "jobs.html",
+            jobs=found[:PAGE_SIZE],
+            page=page,
+            more=len(found) > PAGE_SIZE,
+            filters=filters,
+            statuses=_STATUSES,
+        )
+
+    @bp.get("/jobs/<job_id>")
+    def job_detail(job_id: str) -> str | Response:
+        wanted = _uuid(job_id)
+        found = None
+        if wanted is not None:
+            with get_engine().connect() as conn:
+                found = get_job(conn, jobs, wanted)
+        if found is None:
+            return _page(f"no job {job_id}", 404)
+        return render("job.html", job=found)
+
+    @bp.post("/jobs/<job_id>/retry")
+    def retry_job(job_id: str) -> BaseResponse:
+        wanted = _uuid(job_id)
+        if wanted is None:
+            return _page(f"no job {job_id}", 404)
+        try:
+            with get_engine().begin() as conn:
+                retry_failed(conn, jobs, ids=[wanted])
+        except InvalidArgument as exc:
+            return _page(str(exc), 404 if str(exc).startswith("no job") else 409)
+        return redirect(url_for(f"{name}.job_detail", job_id=str(wanted)))
+
+    @bp.post("/jobs/retry-failed")
+    def retry_all_failed() -> BaseResponse:
+        kind = request.form.get("kind") or None
+        with get_engine().begin() as conn:
+            retry_failed(conn, jobs, kinds=kind)
+        return redirect(url_for(f"{name}.job_list", status="failed"))
+
+    @bp.post("/jobs/<job_id>/cancel")
+    def cancel_job(job_id: str) -> BaseResponse:
+        wanted = _uuid(job_id)
+        if wanted is None:
+            return _page(f"no job {job_id}", 404)
+        with get_engine().begin() as conn:
+            result = JobQueue(jobs).cancel(conn, [wanted])
+        if result.unknown:
+            return _page(f"no job {job_id}", 404)
+        return redirect(url_for(f"{name}.job_detail", job_id=str(wanted)))
+
+    @bp.get("/outbox/<event_id>")
+    def event_detail(event_id: str) -> str | Response:
+        wanted = _uuid(event_id)
+        found = None
+        if wanted is not None and outbox is not None:
+            with get_engine().connect() as conn:
+                found = get_event(conn, outbox, wanted)
+        if found is None:
+            return _page(f"no outbox event {event_id}", 404)
+        return render("event.html", event=found)
+
+    @bp.post("/outbox/<event_id>/retry")
+    def retry_event(event_id: str) -> BaseResponse:
+        wanted = _uuid(event_id)
+        if wanted is None or outbox is None:
+            return _page(f"no outbox event {event_id}", 404)
+        try:
+            with get_engine().begin() as conn:
+                retry_parked(conn, outbox, ids=[wanted])
+        except InvalidArgument as exc:
+            return _page(str(exc), 404 if str(exc).startswith("no event") else 409)
+        return redirect(url_for(f"{name}.overview"))
+
+    return bp

@@ -1,0 +1,258 @@
+"""The web dashboard (sa_outbox.dashboard), driven with Flask's test client on real PostgreSQL:
+every page, every action with the job and event counts before and after, bad input, CSRF,
+read-only mode, authorisation, and an XSS payload in ``last_error`` rendered inert."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from sa_outbox import JobQueue
+from sa_outbox.statements import NewJob
+
+from .conftest import TEST_SCHEMA, Job, OutboxEvent
+from .helpers import event_rows, job_row, jobs_by_status
+from .helpers_admin import make_scene
+
+pytest.importorskip("flask", reason="the dashboard needs Flask (the test extra has it)")
+
+from flask import Flask
+
+from sa_outbox.dashboard import CSRF_COOKIE, create_app, dashboard_blueprint
+
+ROOT = Path(__file__).resolve().parents[1]
+_TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def client_of(app: Flask) -> Any:
+    return app.test_client()
+
+
+@pytest.fixture
+def client(engine: Engine) -> Any:
+    return client_of(create_app(engine, jobs=Job, outbox=OutboxEvent))
+
+
+def token(client: Any, path: str = "/") -> str:
+    """Open a page as a browser would (which sets the CSRF cookie) and read its form token."""
+    page = client.get(path)
+    assert page.status_code == 200
+    found = _TOKEN.search(page.get_data(as_text=True))
+    assert found, "the page has no form"
+    assert client.get_cookie(CSRF_COOKIE, path=path).value == found[1]
+    return found[1]
+
+
+def test_the_overview_counts_every_status_and_the_outbox(engine: Engine, client: Any) -> None:
+    scene = make_scene(engine)
+    html = client.get("/").get_data(as_text=True)
+    assert '<td id="count-failed">2</td>' in html
+    assert '<td id="count-pending">2</td>' in html
+    assert '<td id="count-running">2</td>' in html
+    assert '<td id="count-succeeded">1</td>' in html
+    assert '<td id="failed-recently">2</td>' in html
+    assert '<td id="expired-leases">1</td>' in html
+    assert '<td id="backlog">1</td>' in html and '<td id="parked">1</td>' in html
+    assert str(scene.parked) in html and "broker said no" in html
+    assert "retry all failed send-email" in html
+
+
+def test_the_jobs_list_filters_and_pages(engine: Engine, client: Any) -> None:
+    scene = make_scene(engine)
+    html = client.get("/jobs?status=failed").get_data(as_text=True)
+    assert set(re.findall(r'data-id="([^"]+)"', html)) == {str(i) for i in scene.failed}
+    assert "SMTPError: 550 refused" in html and "line 2" not in html  # the first line only
+    html = client.get("/jobs?kind=ping&queue=default").get_data(as_text=True)
+    assert set(re.findall(r'data-id="([^"]+)"', html)) == {str(i) for i in scene.pending}
+    assert 'data-id="' not in client.get("/jobs?kind=ping&queue=emails").get_data(as_text=True)
+
+    with engine.begin() as conn:
+        JobQueue(Job).enqueue_many(conn, [NewJob("bulk", {"n": n}) for n in range(60)])
+    first = client.get("/jobs?kind=bulk").get_data(as_text=True)
+    second = client.get("/jobs?kind=bulk&page=2").get_data(as_text=True)
+    ids_1 = re.findall(r'data-id="([^"]+)"', first)
+    ids_2 = re.findall(r'data-id="([^"]+)"', second)
+    assert len(ids_1) == 50 and len(ids_2) == 10 and not set(ids_1) & set(ids_2)
+    assert 'rel="next"' in first and 'rel="next"' not in second and 'rel="prev"' in second
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("status=lost", "unknown status &#39;lost&#39;: one of pending, running"),
+        ("page=0", "page must be a whole number from 1, got &#39;0&#39;"),
+        ("page=two", "page must be a whole number from 1, got &#39;two&#39;"),
+    ],
+)
+def test_a_bad_filter_is_a_400_that_says_why(client: Any, query: str, message: str) -> None:
+    response = client.get(f"/jobs?{query}")
+    assert response.status_code == 400
+    assert message in response.get_data(as_text=True)
+
+
+def test_the_job_page_shows_every_column_and_the_whole_error(engine: Engine, client: Any) -> None:
+    scene = make_scene(engine)
+    failed = scene.failed[0]
+    html = client.get(f"/jobs/{failed}").get_data(as_text=True)
+    for column in ("queue", "kind", "status", "attempts", "max_attempts", "run_at", "lease_token"):
+        assert f'id="col-{column}"' in html
+    assert f"SMTPError: 550 refused\nline 2 {failed}" in html
+    assert '"to":' in html  # the payload
+
+
+@pytest.mark.parametrize("job_id", [str(uuid.UUID(int=7)), "not-a-uuid"])
+def test_an_unknown_job_is_a_404_page(engine: Engine, client: Any, job_id: str) -> None:
+    response = client.get(f"/jobs/{job_id}")
+    assert response.status_code == 404
+    assert f"no job {job_id}" in response.get_data(as_text=True)
+    assert client.get(f"/outbox/{job_id}").status_code == 404
+
+
+def test_an_xss_payload_in_last_error_renders_inert(engine: Engine, client: Any) -> None:
+    queue = JobQueue(Job)
+    evil = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+    with engine.begin() as conn:
+        queue.enqueue(conn, "evil<b>kind</b>", {"html": evil}, max_attempts=1)
+    with engine.begin() as conn:
+        [job] = queue.claim(conn, worker_id="w", batch=1)
+        queue.fail(conn, job.id, job.lease_token, error=evil)
+    for path in ("/", "/jobs", f"/jobs/{job.id}"):
+        html = client.get(path).get_data(as_text=True)
+        assert "<script>alert" not in html and "<img src=x" not in html and "<b>kind" not in html
+    html = client.get(f"/jobs/{job.id}").get_data(as_text=True)
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+
+
+def test_retry_a_failed_job(engine: Engine, client: Any) -> None:
+    scene = make_scene(engine)
+    assert jobs_by_status(engine)["failed"] == 2
+    failed = scene.failed[0]
+    response = client.post(f"/jobs/{failed}/retry", data={"csrf_token": token(client)})
+    assert response.status_code == 302 and response.location == f"/jobs/{failed}"
+    assert str(job_row(engine, failed).status) == "pending"
+    assert jobs_by_status(engine)["failed"] == 1 and jobs_by_status(engine)["pending"] == 3
+
+
+def test_retry_a_job_that_is_not_failed_changes_nothing(engine: Engine, client: Any) -> None:
+    scene = make_scene(engine)
+    before = jobs_by_status(engine)
+    csrf = token(client)
+    response = client.post(f"/jobs/{scene.running}/retry", data={"csrf_token": csrf})
+    assert response.status_code == 409
+    assert "is running, not failed; nothing retried" in response.get_data(as_text=True)
+    response = client.post(f"/jobs/{uuid.UUID(int=9)}/retry", data={"csrf_token": csrf})
+    assert response.status_code == 404
+    assert jobs_by_status(engine) == before
+
+
+def test_retry_all_failed_of_one_kind(engine: Engine, client: Any) -> None:
+    make_scene(engine)
+    queue = JobQueue(Job)
+    with engine.begin() as conn:
+        queue.enqueue(conn, "other", {}, max_attempts=1)
+    with engine.begin() as conn:
+        [job] = queue.claim(conn, worker_id="w", kinds=["other"], batch=1)
+        queue.fail(conn, job.id, job.lease_token, error="no")
+    assert jobs_by_status(engine)["failed"] == 3
+    response = client.post(
+        "/jobs/retry-failed", data={"csrf_token": token(client), "kind": "send-email"}
+    )
+    assert response.status_code == 302
+    assert jobs_by_status(engine)["failed"] == 1
+    assert str(job_row(engine, job.id).status) == "failed"
+
+
+def test_cancel_a_pending_job(engine: Engine, client: Any) -> None:
+    scene = make_scene(engine)
+    pending = scene.pending[0]
+    response = client.post(f"/jobs/{pending}/cancel", data={"csrf_token": token(client)})
+    assert response.status_code == 302
+    assert str(job_row(engine, pending).status) == "cancelled"
+    assert jobs_by_status(engine)["pending"] == 1 and jobs_by_status(engine)["cancelled"] == 1
+    response = client.post(f"/jobs/{uuid.UUID(int=3)}/cancel", data={"csrf_token": token(client)})
+    assert response.status_code == 404
+    assert jobs_by_status(engine)["cancelled"] == 1
+
+
+def test_retry_a_parked_event(engine: Engine, client: Any) -> None:
+    scene = make_scene(engine)
+    response = client.post(f"/outbox/{scene.parked}/retry", data={"csrf_token": token(client)})
+    assert response.status_code == 302
+    events = {row.id: row for row in event_rows(engine)}
+    assert len(events) == 2 and events[scene.parked].parked_at is None
+    response = client.post(f"/outbox/{scene.backlog}/retry", data={"csrf_token": token(client)})
+    assert response.status_code == 409
+    assert "is not parked; nothing retried" in response.get_data(as_text=True)
+
+
+def test_a_post_without_the_csrf_token_is_refused(engine: Engine, client: Any) -> None:
+    scene = make_scene(engine)
+    failed = scene.failed[0]
+    csrf = token(client)
+    for data in ({}, {"csrf_token": "forged"}):
+        response = client.post(f"/jobs/{failed}/retry", data=data)
+        assert response.status_code == 403
+        assert "CSRF token is missing or wrong" in response.get_data(as_text=True)
+    other = client_of(create_app(engine, jobs=Job, outbox=OutboxEvent))  # no cookie
+    assert other.post(f"/jobs/{failed}/retry", data={"csrf_token": csrf}).status_code == 403
+    assert jobs_by_status(engine)["failed"] == 2
+
+
+def test_read_only_mode_shows_no_buttons_and_refuses_posts(engine: Engine) -> None:
+    scene = make_scene(engine)
+    client = client_of(create_app(engine, jobs=Job, outbox=OutboxEvent, read_only=True))
+    for path in ("/", "/jobs", f"/jobs/{scene.failed[0]}"):
+        html = client.get(path).get_data(as_text=True)
+        assert '<form class="inline" method="post"' not in html and "read-only" in html
+    csrf = client.get_cookie(CSRF_COOKIE).value
+    response = client.post(f"/jobs/{scene.failed[0]}/retry", data={"csrf_token": csrf})
+    assert response.status_code == 403 and "read-only" in response.get_data(as_text=True)
+    assert jobs_by_status(engine)["failed"] == 2
+
+
+def test_mounted_under_a_prefix_with_an_authorisation_callback(engine: Engine) -> None:
+    make_scene(engine)
+    allowed = {"yes": False}
+    app = Flask("host")  # no SECRET_KEY: the dashboard needs none
+    app.register_blueprint(
+        dashboard_blueprint(
+            lambda: engine, jobs=Job, outbox=OutboxEvent, authorize=lambda: allowed["yes"]
+        ),
+        url_prefix="/admin/queue",
+    )
+    client = app.test_client()
+    assert client.get("/admin/queue/").status_code == 403
+    allowed["yes"] = True
+    csrf = token(client, "/admin/queue/")
+    assert client.get_cookie(CSRF_COOKIE, path="/admin/queue/").value == csrf
+    response = client.post(
+        "/admin/queue/jobs/retry-failed", data={"csrf_token": csrf}, follow_redirects=True
+    )
+    assert response.status_code == 200 and response.request.path == "/admin/queue/jobs"
+    assert jobs_by_status(engine).get("failed", 0) == 0
+
+
+def test_the_dashboard_without_an_outbox(engine: Engine) -> None:
+    make_scene(engine)
+    client = client_of(create_app(engine, jobs=Job))
+    html = client.get("/").get_data(as_text=True)
+    assert "Parked outbox events" not in html and '<td id="count-failed">2</td>' in html
+    with engine.connect() as conn:
+        [[n]] = conn.execute(text(f"SELECT count(*) FROM {TEST_SCHEMA}.outbox")).all()
+    assert n == 1 + 1
+
+
+def test_the_library_and_its_cli_import_without_flask() -> None:
+    code = (
+        "import sys; import sa_outbox, sa_outbox.cli; "
+        "assert 'flask' not in sys.modules, 'flask imported'; "
+        "sa_outbox.cli.build_parser().parse_args(['dashboard', '--port', '9'])"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,0 +1,57 @@
+"""``sa-outbox dashboard``: the real command in a subprocess, serving the dashboard on a free
+port; and its bad input, a one-line error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from sa_outbox import JobQueue
+
+from .conftest import TEST_SCHEMA, Job
+from .helpers import assert_one_line_error
+
+pytest.importorskip("flask", reason="the dashboard needs Flask (the test extra has it)")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_command_serves_the_dashboard(engine: Engine, database_url: str) -> None:
+    queue = JobQueue(Job)
+    with engine.begin() as conn:
+        queue.enqueue(conn, "ping", {}, max_attempts=1)
+    with engine.begin() as conn:
+        [job] = queue.claim(conn, worker_id="w", batch=1)
+        queue.fail(conn, job.id, job.lease_token, error="boom")
+    command = [sys.executable, "-m", "sa_outbox", "dashboard", "--port", "0"]
+    command += ["--jobs-table", f"{TEST_SCHEMA}.jobs", "--database-url", database_url]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True) as server:
+        try:
+            assert server.stdout is not None
+            line = server.stdout.readline()  # printed once the port is bound
+            assert line.startswith("sa-outbox dashboard on http://127.0.0.1:"), line
+            url = line.split()[3]
+            with urllib.request.urlopen(f"{url}jobs?status=failed", timeout=30) as page:
+                html = page.read().decode()
+            assert f'data-id="{job.id}"' in html and "boom" in html
+        finally:
+            server.send_signal(signal.SIGINT)
+            assert server.wait(timeout=30) == 0  # Ctrl-C stops the server cleanly
+
+
+def test_the_command_needs_the_job_table(
+    capsys: pytest.CaptureFixture[str], database_url: str
+) -> None:
+    assert_one_line_error(
+        capsys,
+        ["dashboard", "--database-url", database_url],
+        "give the job table: --model myapp.models:Job or --jobs-table SCHEMA.TABLE",
+    )
