@@ -21,7 +21,7 @@ their renderers and the autogenerate hook)::
 The functions of the same names take ``op`` first, for migrations checked by mypy
 (``alembic_ext.create_job_queue(op, "jobs")``). See ``docs/alembic.md``.
 
-Example:
+Examples:
     >>> import alembic_ext
     >>> alembic_ext.CreateJobQueueOp("jobs").reverse()
     DropJobQueueOp('jobs', schema=None)

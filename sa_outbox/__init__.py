@@ -6,7 +6,7 @@ Layers (imports point down; docs/architecture.md draws them): `sa_outbox.schema`
 `sa_outbox.maintenance` → `sa_outbox.worker` and `sa_outbox.relay` → `sa_outbox.publishers`
 → `sa_outbox.cli`. This module only re-exports the public names.
 
-Example:
+Examples:
     >>> from sqlalchemy.orm import DeclarativeBase
     >>> import sa_outbox
     >>> class Base(DeclarativeBase):

@@ -1,6 +1,6 @@
 """``python -m sa_outbox``: the same as the ``sa-outbox`` command.
 
-Example:
+Examples:
     import subprocess, sys
     subprocess.run([sys.executable, "-m", "sa_outbox", "--version"])
     # -> sa-outbox 0.1.0.dev0

@@ -13,7 +13,7 @@ Behind a transaction pooler (PgBouncer in ``pool_mode = transaction``, managed p
 ``transaction_pooler=True`` also turns off psycopg's prepared statements, which such a
 pooler moves between server connections (docs/pgbouncer.md).
 
-Example:
+Examples:
     >>> args = connect_args()
     >>> args["connect_timeout"], args["keepalives_idle"], args["tcp_user_timeout"]
     (10, 10, 30000)

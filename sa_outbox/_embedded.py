@@ -19,7 +19,7 @@ itself at exit or its watcher after it died, stops the server. Creating or start
 server is done under an exclusive lock on ``data_dir/sa-outbox.start.lock``, one process at
 a time: two started together would otherwise both run ``initdb``.
 
-Example:
+Examples:
     url = embedded_database_url()  # temporary: gone with this process
     url.startswith("postgresql+psycopg://postgres@/postgres?host=")
     # -> True

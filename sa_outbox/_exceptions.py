@@ -22,7 +22,7 @@ SaOutboxError
 Every check that raises ``InvalidArgument`` or ``InvalidArgumentType`` runs before any SQL is
 built or sent, so bad input never reaches the database.
 
-Example:
+Examples:
     >>> from sa_outbox import SaOutboxError, InvalidArgument
     >>> issubclass(InvalidArgument, SaOutboxError) and issubclass(InvalidArgument, ValueError)
     True

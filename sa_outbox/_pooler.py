@@ -16,7 +16,7 @@ client its backend's process id, and a pooler hands out a made-up one. On a pool
 connection, `NotifyProbe` checks that a notification sent through the engine arrives; a
 listener warns once when it does not.
 
-Example:
+Examples:
     >>> probe = NotifyProbe(timer=lambda: 0.0)
     >>> probe.listen_sql().startswith('LISTEN "sa_outbox_probe_')
     True

@@ -14,7 +14,7 @@ Three answers, used by every runtime that talks to the database on its own:
 Errors met while connecting carry no SQLSTATE (libpq reports them as text), so those are
 told apart by the server's message.
 
-Example:
+Examples:
     >>> is_transient(ValueError("no"))
     False
     >>> sqlstate_of(ValueError("no")) is None

@@ -6,7 +6,7 @@ refuses ``\\u0000`` in ``text`` and ``jsonb``) and valid UTF-8 (no lone surrogat
 type) and keys (deduplication key, aggregate id) have maximum lengths, so that the btree
 indexes they are in can always hold them (docs/limits.md).
 
-Example:
+Examples:
     >>> name("send-email", "kind")
     'send-email'
     >>> name("   ", "queue")

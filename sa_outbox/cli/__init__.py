@@ -66,7 +66,7 @@ Each command is a function that adds its subparser and sets ``handler`` to a fun
 the parsed arguments returning the exit status: 0 on success, 1 on a runtime error (printed
 as ``sa-outbox COMMAND: error: …``), 2 on a usage error (argparse's own convention).
 
-Example:
+Examples:
     >>> args = build_parser().parse_args(["demo", "--jobs", "50"])
     >>> args.command, args.jobs, args.database_url
     ('demo', 50, None)

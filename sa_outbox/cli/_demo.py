@@ -13,7 +13,7 @@ the rows can be looked at), then walks the path an application takes:
 3. a relay step claims the outbox event, publishes it to an in-process list standing in for
    a broker, and marks it published with its relay token.
 
-Example:
+Examples:
     from sqlalchemy import create_engine
     engine = create_engine("postgresql+psycopg://postgres@127.0.0.1/test")
     report = run_demo(engine, jobs=100)

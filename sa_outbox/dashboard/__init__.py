@@ -8,7 +8,7 @@ Needs the ``dashboard`` extra (``pip install "sa-outbox[dashboard]"``); the rest
 library imports without Flask. Mount `dashboard_blueprint` in a Flask app of your own, or
 run `create_app` alone (``sa-outbox dashboard --port 8080``). docs/dashboard.md says how.
 
-Example:
+Examples:
     app.register_blueprint(
         dashboard_blueprint(lambda: db.engine, jobs=Job, outbox=OutboxEvent),
         url_prefix="/admin/queue",

@@ -17,7 +17,7 @@ def create_app(
 ) -> Flask:
     """A Flask app serving only the dashboard, at ``/``.
 
-    Example:
+    Examples:
         >>> from sqlalchemy import create_engine
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox import JobMixin

@@ -62,7 +62,7 @@ def dashboard_blueprint(
     a false answer is a 403 (put your login check there). Every action is a POST with a CSRF
     token from a cookie of the dashboard's own: the host app needs no ``SECRET_KEY``.
 
-    Example:
+    Examples:
         >>> from flask import Flask
         >>> from sqlalchemy import create_engine
         >>> from sqlalchemy.orm import DeclarativeBase

@@ -23,7 +23,7 @@ def token_of(request: Request) -> tuple[str, bool]:
     """The request's CSRF token and whether it is new (to be set as the cookie); a new one
     is made once per request, so the page's forms and the cookie agree.
 
-    Example:
+    Examples:
         >>> from flask import Flask
         >>> with Flask("t").test_request_context(headers={"Cookie": "sa_outbox_csrf=abc"}):
         ...     from flask import request
@@ -41,7 +41,7 @@ def token_of(request: Request) -> tuple[str, bool]:
 def csrf_ok(request: Request) -> bool:
     """Whether a POST carries in its form the token of its cookie.
 
-    Example:
+    Examples:
         >>> from flask import Flask
         >>> with Flask("t").test_request_context(method="POST", data={"csrf_token": "x"}):
         ...     from flask import request

@@ -8,7 +8,7 @@ foundation modules. The runtimes and integrations sit above it.
   (``sa_outbox.schema._event_types``), since declaring one is part of declaring the model;
 - ``_session_hooks``: `install` (the flush hook for every session flavour) and `enqueue`.
 
-Example:
+Examples:
     >>> import sa_outbox
     >>> sa_outbox.install is install
     True

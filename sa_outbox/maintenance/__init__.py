@@ -9,7 +9,7 @@ hand; none of them is imported from here.
 - ``_partitions``: `maintain_partitions`, partitions created ahead and dropped whole;
 - ``_health``: `table_health`, what a table's size, dead tuples and xmin holders say.
 
-Example:
+Examples:
     >>> Retention(succeeded=7 * 86400, failed=None).succeeded
     datetime.timedelta(days=7)
 """

@@ -5,7 +5,7 @@ tuples and the last (auto)vacuum / (auto)analyze (``pg_stat_user_tables``), tabl
 sizes, the age of the oldest ready pending job, and the sessions holding back the xmin
 horizon (``pg_stat_activity.backend_xmin``), which keep vacuum from removing dead rows.
 
-Example:
+Examples:
     with engine.connect() as conn:
         report = table_health(conn, jobs=Job, outbox=OutboxEvent)
     print(report.jobs.dead_tuples, report.oldest_xmin)

@@ -21,7 +21,7 @@ declared with ``__partition_interval__`` (docs/partitions.md), on one connection
 Each step is its own short transaction. Every step is written once, as a generator of
 statements, driven on a sync or an async connection.
 
-Example:
+Examples:
     report = maintain_partitions(engine, Job, ahead=3, retention=dt.timedelta(days=7))
     print(report.created, report.dropped, report.kept)
 """

@@ -7,7 +7,7 @@ that finds the lock taken stops its round for that table (another process is pru
 however many workers run a pruner, only one DELETE runs on a table at a time. Pending and
 running jobs, unpublished and parked events are never candidates.
 
-Example:
+Examples:
     pruner = Pruner(engine, jobs=Job, outbox=OutboxEvent,
                     retention=Retention(succeeded=86400, failed=30 * 86400, published=86400))
     report = pruner.run_once()

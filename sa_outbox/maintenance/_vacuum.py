@@ -14,7 +14,7 @@ However many workers run one, they do not pile up: ``SKIP_LOCKED`` returns at on
 another vacuum (autovacuum included) holds the table. A role that does not own the table
 cannot vacuum it; such tables are reported in `VacuumReport.not_owned` and left alone.
 
-Example:
+Examples:
     vacuumer = Vacuumer(engine, Job, VacuumPolicy(threshold=10_000))
     report = vacuumer.run_once()     # VacuumReport(vacuumed=['public.jobs'], ...)
 """

@@ -5,7 +5,7 @@ May import the runtimes (``sa_outbox.worker``, ``sa_outbox.relay``) and everythi
 package imports without it; `PrometheusMetrics`, `QueueStatusCollector` and `serve_metrics`
 then raise `MetricsUnavailable`. docs/metrics.md lists every metric and log field.
 
-Example:
+Examples:
     >>> from sa_outbox.metrics import JsonFormatter, MetricsUnavailable
     >>> issubclass(MetricsUnavailable, ImportError)
     True

@@ -22,7 +22,7 @@ class JsonFormatter(logging.Formatter):
     then the record's ``extra=`` fields (a job's outcome line carries ``job_id``, ``kind``,
     ``queue``, ``attempt``, ``lease_token``, ``outcome``, ``duration`` and ``error``).
 
-    Example:
+    Examples:
         >>> record = logging.LogRecord("sa_outbox.worker", logging.INFO, "", 0,
         ...                            "job %s done", ("42",), None)
         >>> record.kind = "send-email"

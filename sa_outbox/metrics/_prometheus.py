@@ -39,7 +39,7 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 class MetricsUnavailable(SaOutboxError, ImportError):
     """Metrics were asked for but ``prometheus_client`` is not installed.
 
-    Example:
+    Examples:
         >>> str(MetricsUnavailable())
         'Prometheus metrics need prometheus_client: pip install "sa-outbox[prometheus]"'
     """
@@ -62,7 +62,7 @@ class PrometheusMetrics(WorkerMetrics):
     Pass it as ``Worker(..., metrics=PrometheusMetrics())``; ``registry`` defaults to
     ``prometheus_client.REGISTRY``. One instance per registry (the names are fixed).
 
-    Example:
+    Examples:
         >>> from prometheus_client import CollectorRegistry, generate_latest
         >>> registry = CollectorRegistry()
         >>> metrics = PrometheusMetrics(registry)
@@ -146,7 +146,7 @@ class QueueStatusCollector(Collector):
     ``jobs`` and/or ``outbox`` are the models `queue_status` takes. Register it:
     ``QueueStatusCollector(engine, jobs=Job).register()``.
 
-    Example:
+    Examples:
         >>> QueueStatusCollector(None, jobs="jobs").describe()
         []
     """
@@ -162,7 +162,7 @@ class QueueStatusCollector(Collector):
     def register(self, registry: Any = None) -> QueueStatusCollector:
         """Register with ``registry`` (default ``prometheus_client.REGISTRY``); returns self.
 
-        Example:
+        Examples:
             QueueStatusCollector(engine, jobs=Job, outbox=OutboxEvent).register()
         """
         prom = _require()
@@ -214,7 +214,7 @@ def serve_metrics(port: int, addr: str = "0.0.0.0", registry: Any = None) -> Cal
     """Serve ``registry`` (default ``prometheus_client.REGISTRY``) at
     ``http://addr:port/metrics`` from a daemon thread; returns a function that stops it.
 
-    Example:
+    Examples:
         stop = serve_metrics(9464)
         ...
         stop()

@@ -17,7 +17,7 @@ Each implements `Publisher` (``async publish(events)``, ``async aclose()``) and 
 the outbox row's id as the message id, so consumers can de-duplicate. Importing this package
 imports no client library; each module imports its own.
 
-Example:
+Examples:
     >>> from sa_outbox.publishers import message_headers
     >>> import uuid
     >>> from sa_outbox import ClaimedEvent

@@ -6,7 +6,7 @@ id consumers de-duplicate on), ``outbox-event-type``, ``outbox-aggregate-type``,
 ``outbox-aggregate-id``, ``outbox-seq`` and ``outbox-created-at``; the event's own headers
 win no clash with these.
 
-Example:
+Examples:
     >>> import uuid
     >>> from sa_outbox import ClaimedEvent
     >>> event = ClaimedEvent(uuid.UUID(int=1), 7, "OrderPlaced", "order", "42",

@@ -1,6 +1,6 @@
 """`CallablePublisher`: publish to a function of yours, in-process (tests, custom targets).
 
-Example:
+Examples:
     >>> import asyncio, uuid
     >>> from sa_outbox import ClaimedEvent
     >>> seen = []

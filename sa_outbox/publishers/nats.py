@@ -13,7 +13,7 @@ An error reply from JetStream (no stream for the subject, a message over the str
 drops, or an acknowledgement that does not come in ``publish_timeout`` makes the batch
 unavailable (the relay backs off, and the publisher reconnects).
 
-Example:
+Examples:
     publisher = NatsPublisher(
         "nats://127.0.0.1:4222",
         subject=lambda event: f"orders.{event.event_type}",

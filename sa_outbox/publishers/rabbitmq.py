@@ -13,7 +13,7 @@ exchange that does not exist rejects that event; a broker that cannot be reached
 connection that drops, or a confirm that does not come in ``publish_timeout`` makes the whole
 batch unavailable (the relay backs off and reconnects).
 
-Example:
+Examples:
     publisher = RabbitMQPublisher(
         "amqp://guest:guest@127.0.0.1:5672/",
         exchange="events",

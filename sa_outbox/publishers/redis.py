@@ -10,7 +10,7 @@ stream key comes from the event (by default ``"outbox"``); ``maxlen`` trims it
 An error reply to an ``XADD`` (the key holds another type, …) rejects that event; a server
 that cannot be reached or does not answer in ``socket_timeout`` makes the batch unavailable.
 
-Example:
+Examples:
     publisher = RedisStreamsPublisher(
         "redis://127.0.0.1:6379/0",
         stream=lambda event: f"events:{event.aggregate_type}",

@@ -21,7 +21,7 @@ is built, since no request to it could ever succeed. A URL function's answer is 
 per event: a bad one rejects that event (parked after ``max_attempts``), rather than
 passing for a broker that is down.
 
-Example:
+Examples:
     publisher = WebhookPublisher(
         "https://hooks.example.com/outbox",
         secret=os.environ["WEBHOOK_SECRET"],

@@ -12,7 +12,7 @@ the runtimes (worker, relay, maintenance) nor the integrations, which build on t
 - ``_inspect``: `queue_status`, listings of jobs and events, `queue_depths`, and the
   retries by hand (`retry_failed`, `retry_parked`) the CLI and a dashboard share.
 
-Example:
+Examples:
     >>> from sqlalchemy.orm import DeclarativeBase
     >>> from sa_outbox.schema import JobMixin
     >>> class Base(DeclarativeBase): pass

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class PausedQueue:
     """A paused queue, as `QueueControl.paused` lists it.
 
-    Example:
+    Examples:
         >>> PausedQueue("emails", dt.datetime(2026, 1, 1, tzinfo=dt.UTC), None).queue
         'emails'
     """
@@ -78,7 +78,7 @@ class QueueControl(_Base):
     same model never claims a job of a paused queue; the caller owns the transaction, and
     the change takes effect when it commits. See docs/worker.md, "Pausing a queue".
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox.schema import JobMixin, QueuePauseMixin
         >>> class Base(DeclarativeBase): pass
@@ -93,7 +93,7 @@ class QueueControl(_Base):
 
         Any name may be paused, one with no job yet included (its jobs wait from the first).
 
-        Example:
+        Examples:
             control.pause(conn, "emails", paused_by="ana")
             # -> True
         """
@@ -102,7 +102,7 @@ class QueueControl(_Base):
     def resume(self, conn: SyncConn, queue: str) -> bool:
         """Resume ``queue``: True if it was paused (its workers are notified at commit).
 
-        Example:
+        Examples:
             control.resume(conn, "emails")
             # -> True
         """
@@ -111,7 +111,7 @@ class QueueControl(_Base):
     def paused(self, conn: SyncConn) -> list[PausedQueue]:
         """The paused queues, by name.
 
-        Example:
+        Examples:
             [p.queue for p in control.paused(conn)]
             # -> ['emails']
         """
@@ -121,7 +121,7 @@ class QueueControl(_Base):
 class AsyncQueueControl(_Base):
     """`QueueControl` on an `AsyncConnection` or `AsyncSession`.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox.schema import JobMixin, QueuePauseMixin
         >>> class Base(DeclarativeBase): pass

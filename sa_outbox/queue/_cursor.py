@@ -16,7 +16,7 @@ tracing), ``do_orm_execute`` listeners on the session, or a ``schema_translate_m
 Errors come out as SQLAlchemy's own exceptions (`sqlalchemy.exc.DBAPIError` subclasses), and
 a lost connection is invalidated, as ``execute`` does.
 
-Example:
+Examples:
     >>> from sqlalchemy import Column, Integer, MetaData, Table, insert
     >>> t = Table("t", MetaData(), Column("id", Integer, primary_key=True))
     >>> fast = DriverInsert(lambda: insert(t).returning(t.c.id))
@@ -97,7 +97,7 @@ class DriverInsert:
     """An ``INSERT … RETURNING`` built once by ``build``, compiled once per dialect, run on
     the driver's cursor (see the module's docstring for when it steps aside).
 
-    Example:
+    Examples:
         >>> from sqlalchemy import Column, Integer, MetaData, Table, insert
         >>> t = Table("t", MetaData(), Column("id", Integer, primary_key=True))
         >>> DriverInsert(lambda: insert(t).returning(t.c.id))

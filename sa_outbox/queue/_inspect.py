@@ -5,7 +5,7 @@ The typed answers of the read-only statements of ``sa_outbox.statements._inspect
 queue (a dashboard, metrics gauges). Synchronous, on a `Connection` the caller opens; on an
 `AsyncConnection`: ``await conn.run_sync(lambda c: queue_status(c, jobs=Job))``.
 
-Example:
+Examples:
     with engine.connect() as conn:
         status = queue_status(conn, jobs=Job, outbox=OutboxEvent)
     status.jobs.by_status["failed"], status.outbox.backlog

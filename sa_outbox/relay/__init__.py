@@ -9,7 +9,7 @@ through a `Publisher` (``sa_outbox.publishers``: RabbitMQ, NATS JetStream, Redis
 webhook, a callable). ``sa-outbox relay myapp.outbox:relay`` runs one from the command line.
 docs/relay.md tells how to run it, what each publisher sends, and why the order holds.
 
-Example:
+Examples:
     >>> from sa_outbox.relay import BatchPlan, RelayReport
     >>> RelayReport("relay-1").idle
     True

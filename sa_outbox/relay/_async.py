@@ -1,6 +1,6 @@
 """`AsyncRelay`: the outbox relay on an asyncio engine (layer 4, a runtime).
 
-Example:
+Examples:
     relay = AsyncRelay(async_engine, OutboxEvent, NatsPublisher("nats://localhost:4222"))
     await relay.run()  # until relay.stop()
 """

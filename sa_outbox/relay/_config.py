@@ -1,6 +1,6 @@
 """The relay's settings, checked once, shared by `Relay` and `AsyncRelay`.
 
-Example:
+Examples:
     >>> settings = RelaySettings.build(batch=50, lease=30)
     >>> settings.batch, settings.publish_timeout.total_seconds()
     (50, 15.0)

@@ -1,7 +1,7 @@
 """What `Relay` and `AsyncRelay` share: turning a publish's outcome into the plan, and the
 database writes that end a cycle (one transaction: mark, reject, release).
 
-Example:
+Examples:
     >>> describe(TimeoutError("no answer"))
     'TimeoutError: no answer'
 """

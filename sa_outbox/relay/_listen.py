@@ -8,7 +8,7 @@ when the engine goes through a transaction pooler that LISTEN cannot pass. A lis
 connection that goes through a pooler sends itself a test notification through the engine
 (`sa_outbox._pooler.NotifyProbe`); `deaf` says when none came back in time.
 
-Example:
+Examples:
     >>> listen_statement("work.outbox")
     'LISTEN "work.outbox"'
 """

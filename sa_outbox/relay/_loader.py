@@ -1,6 +1,6 @@
 """Find the relay a ``sa-outbox relay module:attribute`` command names.
 
-Example:
+Examples:
     >>> load_relay("json:dumps")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...

@@ -7,7 +7,7 @@ and an aggregate's event goes out only after the one before it was confirmed. An
 fails stops its aggregate: the events after it are given back untried (they keep their
 order, behind the failed one). A broker that cannot be reached stops the whole batch.
 
-Example:
+Examples:
     >>> import uuid
     >>> from sa_outbox import ClaimedEvent
     >>> def event(n, aggregate):

@@ -14,7 +14,7 @@ them concurrently or pipelined; ``publish`` returns once the broker has taken ev
 - anything else: a bug or an error the publisher did not classify. The relay tries the
   batch's events one by one, so the error can be pinned on the event that causes it.
 
-Example:
+Examples:
     >>> class Printer:
     ...     async def publish(self, events):
     ...         for event in events:

@@ -1,6 +1,6 @@
 """`Relay`: the outbox relay on a synchronous engine (layer 4, a runtime).
 
-Example:
+Examples:
     relay = Relay(engine, OutboxEvent, RabbitMQPublisher("amqp://guest:guest@localhost/"))
     relay.run()  # until relay.stop(), SIGTERM with `sa-outbox relay`
 """

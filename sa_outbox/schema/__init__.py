@@ -24,7 +24,7 @@ What lives here:
 - ``_queue_pause``: `QueuePauseMixin`, the table of paused queues;
 - ``_event_types``: what makes a subclass of an outbox model a domain event class.
 
-Example:
+Examples:
     >>> from sqlalchemy.orm import DeclarativeBase
     >>> class Base(DeclarativeBase):
     ...     pass

@@ -17,7 +17,7 @@ trigger and its function after the table; ``alembic_ext``'s ``create_job_queue``
 same `create_notify_trigger_sql`. The SQL contains neither ``:`` nor ``%``, so it passes
 unchanged through ``text()``, ``DDL()`` and psycopg.
 
-Example:
+Examples:
     >>> job_notify_channel("work", "jobs")
     'work.jobs'
     >>> job_notify_channel("s" * 40, "jobs_of_a_rather_long_name")

@@ -24,7 +24,7 @@ triggers and their functions after the table; ``alembic_ext``'s ``create_outbox`
 `create_outbox_triggers_sql`. The SQL contains neither ``:`` nor ``%``, so it passes unchanged
 through ``text()``, ``DDL()`` and psycopg.
 
-Example:
+Examples:
     >>> outbox_notify_channel("work", "outbox")
     'work.outbox'
 """

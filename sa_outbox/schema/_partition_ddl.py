@@ -20,7 +20,7 @@ creating partitions ahead and drops the old ones. On an unpartitioned table, `Ta
 applies the storage settings (``ALTER TABLE … SET``); on a partitioned one, each partition
 is created with them. The SQL contains neither ``:`` nor ``%``.
 
-Example:
+Examples:
     >>> import datetime as dt
     >>> start = interval_start(dt.datetime(2030, 1, 2, 15, 30, tzinfo=dt.UTC), "week")
     >>> start.isoformat(), partition_name("jobs", start, "week")

@@ -16,7 +16,7 @@ class QueuePauseMixin:
     with Alembic's own ``op.create_table``. Pausing is per name: a queue needs no row
     anywhere else to be paused, so a queue may be paused before its first job exists.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> class Base(DeclarativeBase):
         ...     pass

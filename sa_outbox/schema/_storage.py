@@ -13,7 +13,7 @@ Names are checked against `STORAGE_PARAMETERS` and values must be int, float or 
 what reaches SQL is a known name and a number: nothing to quote. The SQL contains neither
 ``:`` nor ``%``, so it passes unchanged through ``text()``, ``DDL()`` and psycopg.
 
-Example:
+Examples:
     >>> storage_clause({"fillfactor": 80, "autovacuum_enabled": True})
     'fillfactor = 80, autovacuum_enabled = true'
 """

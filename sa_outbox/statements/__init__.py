@@ -13,7 +13,7 @@ whose values are bind parameters. Run it on your own connection, in your own tra
 or extend it first (``.where(...)``, ``.returning(...)``). "Now" comes from ``clock``: the
 database's ``now()`` by default, a `FakeClock`'s bind parameter in tests.
 
-Example:
+Examples:
     >>> from sqlalchemy.orm import DeclarativeBase
     >>> from sa_outbox.schema import JobMixin
     >>> class Base(DeclarativeBase): pass

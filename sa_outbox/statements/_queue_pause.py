@@ -21,7 +21,7 @@ def pause_queue(
     Claims given the table (``claim_jobs(..., paused=target)``) take no job of the queue once
     this commits; jobs already running finish as usual.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox.schema import QueuePauseMixin
         >>> class Base(DeclarativeBase): pass
@@ -43,7 +43,7 @@ def pause_queue(
 def resume_queue(target: object, queue: str) -> ReturningDelete[Any]:
     """Remove ``queue`` from the paused queues; returns its name if it was paused.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox.schema import QueuePauseMixin
         >>> class Base(DeclarativeBase): pass
@@ -59,7 +59,7 @@ def resume_queue(target: object, queue: str) -> ReturningDelete[Any]:
 def select_paused_queues(target: object) -> Select[Any]:
     """The paused queues (``queue, paused_at, paused_by``), by name.
 
-    Example:
+    Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
         >>> from sa_outbox.schema import QueuePauseMixin
         >>> class Base(DeclarativeBase): pass

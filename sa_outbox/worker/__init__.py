@@ -10,7 +10,7 @@ share), ``sync`` / ``aio`` (the drivers), ``_direct`` (the loop's held connectio
 Register handlers by kind on a `JobApp`, then run a worker on it, from Python or with
 ``sa-outbox worker myapp.tasks:app``. See docs/worker.md.
 
-Example:
+Examples:
     from sa_outbox import JobApp, JobContext, Worker
 
     app = JobApp(Job)

@@ -1,6 +1,6 @@
 """What a handler receives: `JobContext` (the job) and its `CancelToken`.
 
-Example:
+Examples:
     >>> import uuid
     >>> from sa_outbox import ClaimedJob
     >>> claimed = ClaimedJob(id=uuid.UUID(int=1), queue="default", kind="send-email",

@@ -7,7 +7,7 @@ timeout passed: retried like any transient error) in ``last_error``. `JobCancell
 `CancelToken.raise_if_cancelled` raises inside a handler. `Snooze` is not an error: a
 handler returns or raises it to run its job again later, without counting a failure.
 
-Example:
+Examples:
     >>> from sa_outbox import SaOutboxError
     >>> issubclass(UnknownJobKind, PermanentError) and issubclass(PermanentError, SaOutboxError)
     True

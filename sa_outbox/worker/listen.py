@@ -13,7 +13,7 @@ but hears nothing. So when the listening connection goes through a pooler
 through the engine (``probe``); if none arrives within a few seconds it sets ``deaf`` and
 calls ``on_deaf()`` once (the worker logs a warning naming ``listen_url=``).
 
-Example:
+Examples:
     listener = Listener(connect, channel, on_notify=print)
     listener.start()
     ...

@@ -5,7 +5,7 @@ Subclass `WorkerMetrics` and override what you need (each method is a no-op here
 from the worker's own threads (or its event loop, for `AsyncWorker`): keep them fast, and
 thread-safe for `Worker`. An exception a hook raises is logged and otherwise ignored.
 
-Example:
+Examples:
     >>> metrics = CountingMetrics()
     >>> metrics.job_finished("send-email", JobOutcome.SUCCEEDED, 0.25)
     >>> metrics.job_finished("send-email", JobOutcome.SUCCEEDED, 0.75)

@@ -8,7 +8,7 @@ one holds. The delay it gives is the app's `Backoff`, computed in SQL from the j
 attempts, so a job that kills every worker that takes it comes back later and later, and
 ends ``failed`` at ``max_attempts`` instead of looping hot.
 
-Example:
+Examples:
     reclaimer = Reclaimer(app, engine, interval=15)
     reclaimer.run_once()   # one pass, now
     reclaimer.run()        # until stop() / SIGTERM

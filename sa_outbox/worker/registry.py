@@ -1,6 +1,6 @@
 """`JobApp`: the job table and the handlers, by kind, that a worker runs.
 
-Example:
+Examples:
     >>> from sqlalchemy.orm import DeclarativeBase
     >>> from sa_outbox import Backoff, JobMixin
     >>> class Base(DeclarativeBase): pass

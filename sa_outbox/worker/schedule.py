@@ -9,7 +9,7 @@ Cron expressions need ``cronsim`` (``pip install "sa-outbox[cron]"``); intervals
 nothing. Ticks are computed in UTC from the worker's clock (a `FakeClock` in tests), cron
 ticks in the schedule's time zone first.
 
-Example:
+Examples:
     >>> import datetime as dt
     >>> every = Schedule.build("report", every=dt.timedelta(minutes=5))
     >>> every.next_tick(dt.datetime(2030, 1, 1, 0, 3, tzinfo=dt.UTC)).isoformat()

@@ -13,7 +13,7 @@ Children are started with the ``spawn`` method: each imports the app afresh from
 ``target`` (``module:attribute``), so nothing a fork would share (connections, threads)
 leaks into them.
 
-Example:
+Examples:
     supervisor = Supervisor("myapp.tasks:app", os.environ["DATABASE_URL"], processes=2,
                             worker_options={"concurrency": 4})
     supervisor.run()  # until SIGTERM / SIGINT / supervisor.stop()
