@@ -136,10 +136,13 @@ def test_an_error_is_sqlalchemys_and_nothing_is_written(own_engine: Engine) -> N
     queue = JobQueue(Job)
     with pytest.raises(exc.DBAPIError, match="no jobs today"):
         queue.enqueue(own_engine, "a", {})
-    with pytest.raises(exc.DBAPIError, match="no jobs today"):
-        with Session(own_engine) as session, session.begin():
-            session.add(Order(customer="ana"))
-            sa_outbox.enqueue(session, "a", {}, model=Job)
+    with (
+        pytest.raises(exc.DBAPIError, match="no jobs today"),
+        Session(own_engine) as session,
+        session.begin(),
+    ):
+        session.add(Order(customer="ana"))
+        sa_outbox.enqueue(session, "a", {}, model=Job)
     assert (_jobs(own_engine), _orders(own_engine)) == (0, 0)
     # The connection is usable afterwards.
     with own_engine.connect() as conn:
