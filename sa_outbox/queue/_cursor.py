@@ -31,7 +31,7 @@ from typing import Any, Final, cast
 
 from sqlalchemy import Connection, Engine, exc
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -126,12 +126,16 @@ class DriverInsert:
         """
         if isinstance(target, Engine):
             return self._autocommit(target, values) if _plain_engine(target) else NOT_RUN
+        if isinstance(target, scoped_session):  # Flask-SQLAlchemy's db.session, say
+            target = target()
         if isinstance(target, Session):
             if target.dispatch.do_orm_execute:
                 return NOT_RUN
             conn = target.connection(bind_arguments={"clause": self._stmt})
-        else:
+        elif isinstance(target, Connection):
             conn = target
+        else:
+            return NOT_RUN
         if not _plain_connection(conn):
             return NOT_RUN
         if not conn.in_transaction():
