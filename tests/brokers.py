@@ -104,6 +104,10 @@ class TcpProxy:
         except OSError:
             writer.transport.abort()
             return
+        if self._server is None:  # stopped while this connection was being opened
+            writer.transport.abort()
+            up_writer.transport.abort()
+            return
         self._writers.update((writer, up_writer))
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:

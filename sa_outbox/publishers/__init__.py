@@ -7,6 +7,7 @@ below it; not the CLI.
 module                                 class                            extra
 =====================================  ===============================  =========================
 ``sa_outbox.publishers.rabbitmq``      ``RabbitMQPublisher``            ``sa-outbox[rabbitmq]``
+``sa_outbox.publishers.kafka``         ``KafkaPublisher``               ``sa-outbox[kafka]``
 ``sa_outbox.publishers.nats``          ``NatsPublisher``                ``sa-outbox[nats]``
 ``sa_outbox.publishers.redis``         ``RedisStreamsPublisher``        ``sa-outbox[redis]``
 ``sa_outbox.publishers.webhook``       ``WebhookPublisher``             ``sa-outbox[webhook]``
