@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, event, exc, func, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
 import sa_outbox
@@ -179,3 +180,12 @@ def test_a_listener_on_the_engine_sees_the_statement(own_engine: Engine) -> None
         sa_outbox.enqueue(session, "b", {}, model=Job)
     assert sum("INSERT INTO" in s and ".jobs" in s for s in seen) == 2
     assert _jobs(own_engine) == 2
+
+
+async def test_run_sync_on_an_async_connection_takes_the_usual_path(
+    async_engine: AsyncEngine, engine: Engine
+) -> None:
+    # The sync Connection of run_sync holds an asyncio driver connection: no cursor path.
+    async with async_engine.begin() as conn:
+        await conn.run_sync(lambda sync: JobQueue(Job).enqueue(sync, "a", {}))
+    assert _jobs(engine) == 1

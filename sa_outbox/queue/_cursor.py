@@ -11,7 +11,7 @@ connection in autocommit.
 
 It steps aside (`DriverInsert.run` returns `NOT_RUN`, and the caller executes the statement
 the usual way) whenever that would hide something from the application: another driver
-than psycopg 3, listeners on the engine or connection (``before_cursor_execute``, echo,
+than psycopg 3 (sync), listeners on the engine or connection (``before_cursor_execute``, echo,
 tracing), ``do_orm_execute`` listeners on the session, or a ``schema_translate_map``.
 Errors come out as SQLAlchemy's own exceptions (`sqlalchemy.exc.DBAPIError` subclasses), and
 a lost connection is invalidated, as ``execute`` does.
@@ -77,6 +77,7 @@ def _plain_engine(engine: Engine) -> bool:
     """Whether running on the driver's cursor hides nothing from this engine's application."""
     return (
         engine.dialect.driver == "psycopg"
+        and not engine.dialect.is_async  # run_sync on an AsyncConnection: awaitable cursors
         and not engine._has_events
         and not engine.echo
         and not engine.get_execution_options().get("schema_translate_map")
