@@ -7,14 +7,17 @@ are declared on a base of the tests' own, as a user would.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from sa_outbox import AsyncWorker, Backoff, FakeClock, JobApp, JobQueue, Worker
 from sa_outbox._embedded import embedded_database_url
 from sa_outbox.schema import JobMixin, OutboxMixin
 
@@ -93,3 +96,59 @@ def pgbouncer_url(database_url: str) -> Iterator[str]:
         pytest.skip("pgbouncer is not installed (apt-get install pgbouncer): no pooler tests")
     with start_pgbouncer(database_url) as url:
         yield url.render_as_string(hide_password=False)
+
+
+# The worker tests' bed: a fake clock that also drives the worker's timer, a queue on it with
+# no jitter, and workers that neither listen nor install signal handlers, closed at the end.
+# A module overrides ``worker_options`` to change what every worker it makes gets.
+WORKER_T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(WORKER_T0)
+
+
+@pytest.fixture
+def queue(clock: FakeClock) -> JobQueue:
+    return JobQueue(Job, clock=clock, backoff=Backoff(base=1, max=300, jitter=0))
+
+
+@pytest.fixture
+def worker_options(clock: FakeClock) -> dict[str, Any]:
+    return {
+        "clock": clock,
+        "timer": lambda: clock.now().timestamp(),
+        "listen": False,
+        "install_signal_handlers": False,
+    }
+
+
+@pytest.fixture
+def make_worker(engine: Engine, worker_options: dict[str, Any]) -> Iterator[Callable[..., Worker]]:
+    workers: list[Worker] = []
+
+    def make(app: JobApp, **options: Any) -> Worker:
+        worker = Worker(app, engine, **{**worker_options, **options})
+        workers.append(worker)
+        return worker
+
+    yield make
+    for worker in workers:
+        worker.close()
+
+
+@pytest.fixture
+async def make_async_worker(
+    async_engine: AsyncEngine, worker_options: dict[str, Any]
+) -> AsyncIterator[Callable[..., AsyncWorker]]:
+    workers: list[AsyncWorker] = []
+
+    def make(app: JobApp, **options: Any) -> AsyncWorker:
+        worker = AsyncWorker(app, async_engine, **{**worker_options, **options})
+        workers.append(worker)
+        return worker
+
+    yield make
+    for worker in workers:
+        worker.close()

@@ -1,8 +1,10 @@
 """Small helpers the tests share: reading rows back the way an operator would, running
-``sa-outbox`` in process, and listening to a job table's notifications."""
+``sa-outbox`` in process, listening to a job table's notifications, and waiting for another
+process's visible state."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,6 +20,20 @@ from sa_outbox.statements import listen_sql
 from .conftest import Job, OutboxEvent
 
 T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll ``predicate`` until true; fail after ``timeout`` seconds.
+
+    Only for what the fake clock cannot reach: the visible state of another process (a
+    subprocess's rows, a server that starts listening). The deadline is a bound, never a
+    guess of how long something takes.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what} after {timeout} s")
+        time.sleep(0.05)
 
 
 def job_row(engine: Engine, job_id: uuid.UUID) -> Any:

@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -48,32 +48,8 @@ WAIT = 10.0
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
-
-
-@pytest.fixture
-def queue(clock: FakeClock) -> JobQueue:
-    return JobQueue(Job, clock=clock, backoff=NO_JITTER)
-
-
-@pytest.fixture
-def make_worker(engine: Engine, clock: FakeClock) -> Iterator[Callable[..., Worker]]:
-    workers: list[Worker] = []
-
-    def make(app: JobApp, **options: Any) -> Worker:
-        options.setdefault("clock", clock)
-        options.setdefault("timer", lambda: clock.now().timestamp())
-        options.setdefault("listen", False)
-        options.setdefault("install_signal_handlers", False)
-        options.setdefault("reclaim", False)
-        worker = Worker(app, engine, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.close()
+def worker_options(worker_options: dict[str, Any]) -> dict[str, Any]:
+    return {**worker_options, "reclaim": False}
 
 
 def enqueue(engine: Engine, queue: JobQueue, kind: str, n: int = 1, **kw: Any) -> list[uuid.UUID]:
@@ -282,27 +258,6 @@ def test_cancel_waits_for_a_claim_in_progress_then_cancels_the_running_job(
     row = job_row(engine, job_id)
     assert (row.status, row.lease_token) == ("cancelled", job.lease_token)
     assert jobs_by_status(engine) == {"cancelled": 1}
-
-
-@pytest.fixture
-async def make_async_worker(
-    async_engine: AsyncEngine, clock: FakeClock
-) -> AsyncIterator[Callable[..., AsyncWorker]]:
-    workers: list[AsyncWorker] = []
-
-    def make(app: JobApp, **options: Any) -> AsyncWorker:
-        options.setdefault("clock", clock)
-        options.setdefault("timer", lambda: clock.now().timestamp())
-        options.setdefault("listen", False)
-        options.setdefault("install_signal_handlers", False)
-        options.setdefault("reclaim", False)
-        worker = AsyncWorker(app, async_engine, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.close()
 
 
 async def test_async_worker_stops_a_cancelled_job(

@@ -15,8 +15,7 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.schema import CreateSchema, DropSchema
 
+from .helpers import wait_until
 from .test_docs import blocks
 from .test_docs_operations import console_commands, normalised
 
@@ -37,15 +37,6 @@ FILES = ("tutorial-models", "tutorial-shop", "tutorial-tasks", "tutorial-relay")
 def snippet(name: str) -> str:
     [code] = [b.code for b in blocks(PAGE) if b.snippet == name]
     return code
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what} after {timeout} s")
-        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,8 @@ import pytest
 from sa_outbox import SaOutboxError, embedded_database_url
 from sa_outbox._embedded import LOCK_FILE, PGDATA
 from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL
+
+from .helpers import wait_until
 
 pytest.importorskip("pgserver", reason="the embedded PostgreSQL (the test extra installs it)")
 psutil = pytest.importorskip("psutil", reason="pgserver's dependency, to list processes")
@@ -130,14 +131,6 @@ def processes_naming(folder: Path) -> list[str]:
         if str(folder) in line:
             found.append(line)
     return found
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what} after {timeout} s")
-        time.sleep(0.05)
 
 
 def test_the_demo_leaves_no_folder_and_no_process(place: Path) -> None:

@@ -24,6 +24,8 @@ from sqlalchemy.engine import make_url
 
 import sa_outbox
 
+from .helpers import wait_until
+
 flask = pytest.importorskip("flask", reason="the example needs Flask (the test extra has it)")
 pytest.importorskip("flask_sqlalchemy", reason="the example needs Flask-SQLAlchemy")
 
@@ -320,14 +322,6 @@ def processes_naming(folder: Path) -> list[str]:
         if str(folder) in line and "create_app" not in line:  # the server and its watchers
             found.append(line)
     return found
-
-
-def wait_until(predicate: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what} after {timeout} s")
-        time.sleep(0.05)
 
 
 def served_at(web: subprocess.Popen[str], timeout: float = 120.0) -> str:

@@ -58,32 +58,13 @@ def control(engine: Engine) -> Iterator[QueueControl]:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
-
-
-@pytest.fixture
 def queue(clock: FakeClock) -> JobQueue:
     return JobQueue(Job, clock=clock)
 
 
 @pytest.fixture
-def make_worker(engine: Engine, clock: FakeClock) -> Iterator[Callable[..., Worker]]:
-    workers: list[Worker] = []
-
-    def make(app: JobApp, **options: Any) -> Worker:
-        options.setdefault("clock", clock)
-        options.setdefault("timer", lambda: clock.now().timestamp())
-        options.setdefault("listen", False)
-        options.setdefault("install_signal_handlers", False)
-        options.setdefault("reclaim", False)
-        worker = Worker(app, engine, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.close()
+def worker_options(worker_options: dict[str, Any]) -> dict[str, Any]:
+    return {**worker_options, "reclaim": False}
 
 
 def enqueue(engine: Engine, jobs: JobQueue, kind: str, n: int, **kw: Any) -> list[uuid.UUID]:

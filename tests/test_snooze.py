@@ -10,12 +10,11 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sa_outbox import (
     AsyncWorker,
@@ -41,34 +40,6 @@ from .helpers import job_row, jobs_by_status
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 NO_JITTER = Backoff(base=1, max=300, jitter=0)
 WAIT = 10.0
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
-
-
-@pytest.fixture
-def queue(clock: FakeClock) -> JobQueue:
-    return JobQueue(Job, clock=clock, backoff=NO_JITTER)
-
-
-@pytest.fixture
-def make_worker(engine: Engine, clock: FakeClock) -> Iterator[Callable[..., Worker]]:
-    workers: list[Worker] = []
-
-    def make(app: JobApp, **options: Any) -> Worker:
-        options.setdefault("clock", clock)
-        options.setdefault("timer", lambda: clock.now().timestamp())
-        options.setdefault("listen", False)
-        options.setdefault("install_signal_handlers", False)
-        worker = Worker(app, engine, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.close()
 
 
 def enqueue(engine: Engine, queue: JobQueue, kind: str, n: int = 1, **kw: Any) -> list[uuid.UUID]:
@@ -218,26 +189,6 @@ def test_a_snooze_is_fenced_by_the_lease_token(
     with engine.begin() as conn:
         queue.complete(conn, b.id, b.lease_token)
     assert jobs_by_status(engine) == {"succeeded": 1}
-
-
-@pytest.fixture
-async def make_async_worker(
-    async_engine: AsyncEngine, clock: FakeClock
-) -> AsyncIterator[Callable[..., AsyncWorker]]:
-    workers: list[AsyncWorker] = []
-
-    def make(app: JobApp, **options: Any) -> AsyncWorker:
-        options.setdefault("clock", clock)
-        options.setdefault("timer", lambda: clock.now().timestamp())
-        options.setdefault("listen", False)
-        options.setdefault("install_signal_handlers", False)
-        worker = AsyncWorker(app, async_engine, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.close()
 
 
 async def test_async_worker_snoozes_async_and_thread_handlers(

@@ -12,8 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from sqlalchemy import Engine, func, select
 from sa_outbox import InvalidArgument, JobQueue, NewJob
 from sa_outbox.worker.supervisor import Supervisor
 
+from .helpers import wait_until
 from .worker_app import Job, create_schema, drop_schema
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,15 +45,6 @@ def counts(engine: Engine) -> dict[str, int]:
     with engine.connect() as conn:
         rows = conn.execute(select(t.c.status, func.count()).group_by(t.c.status)).all()
     return {str(status): n for status, n in rows}
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting until {what}")
 
 
 def test_a_killed_child_is_restarted_and_stop_stops_them_all(engine, database_url, worker_schema):

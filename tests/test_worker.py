@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -52,34 +52,6 @@ from .helpers import job_row, jobs_by_status
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 NO_JITTER = Backoff(base=1, max=300, jitter=0)
 WAIT = 10.0  # seconds a test waits for an event before it fails (never reached when green)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
-
-
-@pytest.fixture
-def queue(clock: FakeClock) -> JobQueue:
-    return JobQueue(Job, clock=clock, backoff=NO_JITTER)
-
-
-@pytest.fixture
-def make_worker(engine: Engine, clock: FakeClock) -> Iterator[Callable[..., Worker]]:
-    workers: list[Worker] = []
-
-    def make(app: JobApp, **options: Any) -> Worker:
-        options.setdefault("clock", clock)
-        options.setdefault("timer", lambda: clock.now().timestamp())
-        options.setdefault("listen", False)
-        options.setdefault("install_signal_handlers", False)
-        worker = Worker(app, engine, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.close()
 
 
 def listening(engine: Engine, channel: str | None) -> psycopg.Connection[Any]:

@@ -9,10 +9,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -39,31 +38,6 @@ NO_JITTER = Backoff(base=1, max=300, jitter=0)
 WAIT = 10.0
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
-
-
-@pytest.fixture
-async def make_worker(
-    async_engine: AsyncEngine, clock: FakeClock
-) -> AsyncIterator[Callable[..., AsyncWorker]]:
-    workers: list[AsyncWorker] = []
-
-    def make(app: JobApp, **options: Any) -> AsyncWorker:
-        options.setdefault("clock", clock)
-        options.setdefault("timer", lambda: clock.now().timestamp())
-        options.setdefault("listen", False)
-        options.setdefault("install_signal_handlers", False)
-        worker = AsyncWorker(app, async_engine, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.close()
-
-
 def enqueue(
     engine: Engine, kind: str, n: int = 1, clock: FakeClock | None = None, **kw: Any
 ) -> list[Any]:
@@ -75,7 +49,7 @@ def enqueue(
 
 
 async def test_async_and_sync_handlers_run_and_are_acknowledged_in_batches(
-    engine: Engine, clock: FakeClock, make_worker: Callable[..., AsyncWorker]
+    engine: Engine, clock: FakeClock, make_async_worker: Callable[..., AsyncWorker]
 ) -> None:
     ran: list[tuple[str, int]] = []
     app = JobApp(Job, backoff=NO_JITTER)
@@ -98,7 +72,7 @@ async def test_async_and_sync_handlers_run_and_are_acknowledged_in_batches(
     enqueue(engine, "coroutine", 12, clock=clock)
     enqueue(engine, "refused", clock=clock)
     metrics = CountingMetrics()
-    worker = make_worker(app, concurrency=5, metrics=metrics)
+    worker = make_async_worker(app, concurrency=5, metrics=metrics)
     assert await worker.drain(timeout=WAIT) == 25  # 12 + 1 + the 12 follow-ups
     assert sorted(n for kind, n in ran if kind == "coroutine") == list(range(12))
     assert sorted(n for kind, n in ran if kind == "plain") == list(range(100, 112))
@@ -108,7 +82,7 @@ async def test_async_and_sync_handlers_run_and_are_acknowledged_in_batches(
 
 
 async def test_a_transient_error_is_retried_after_the_backoff(
-    engine: Engine, clock: FakeClock, make_worker: Callable[..., AsyncWorker]
+    engine: Engine, clock: FakeClock, make_async_worker: Callable[..., AsyncWorker]
 ) -> None:
     app = JobApp(Job)
 
@@ -118,7 +92,7 @@ async def test_a_transient_error_is_retried_after_the_backoff(
             raise ConnectionError("API down")
 
     [job_id] = enqueue(engine, "flaky", clock=clock)
-    worker = make_worker(app)
+    worker = make_async_worker(app)
     await worker.drain(timeout=WAIT)
     row = job_row(engine, job_id)
     assert (row.status, row.run_at) == ("pending", T0 + dt.timedelta(seconds=3))
@@ -130,7 +104,7 @@ async def test_a_transient_error_is_retried_after_the_backoff(
 
 
 async def test_a_timeout_cancels_the_coroutine_and_retries_the_job(
-    engine: Engine, clock: FakeClock, make_worker: Callable[..., AsyncWorker]
+    engine: Engine, clock: FakeClock, make_async_worker: Callable[..., AsyncWorker]
 ) -> None:
     started = asyncio.Event()
     seen: list[str] = []
@@ -146,7 +120,7 @@ async def test_a_timeout_cancels_the_coroutine_and_retries_the_job(
             raise
 
     [job_id] = enqueue(engine, "slow", clock=clock)
-    worker = make_worker(app)
+    worker = make_async_worker(app)
     assert await worker.claim() == 1
     await asyncio.wait_for(started.wait(), WAIT)
     clock.advance(5)
@@ -164,7 +138,7 @@ async def test_a_lost_lease_wakes_the_handler_waiting_on_its_token(
     engine: Engine,
     clock: FakeClock,
     async_engine: AsyncEngine,
-    make_worker: Callable[..., AsyncWorker],
+    make_async_worker: Callable[..., AsyncWorker],
 ) -> None:
     started = asyncio.Event()
     reasons: list[CancelReason | None] = []
@@ -178,7 +152,7 @@ async def test_a_lost_lease_wakes_the_handler_waiting_on_its_token(
 
     [job_id] = enqueue(engine, "work", clock=clock)
     metrics = CountingMetrics()
-    worker = make_worker(app, lease=30, metrics=metrics)
+    worker = make_async_worker(app, lease=30, metrics=metrics)
     await worker.claim()
     await asyncio.wait_for(started.wait(), WAIT)
     clock.advance(31)

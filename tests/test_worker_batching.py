@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,29 +38,6 @@ from .helpers import job_row, jobs_by_status
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 WAIT = 10.0  # seconds a test waits for an event before it fails (never reached when green)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
-
-
-@pytest.fixture
-def make_worker(engine: Engine, clock: FakeClock) -> Iterator[Callable[..., Worker]]:
-    workers: list[Worker] = []
-
-    def make(app: JobApp, **options: Any) -> Worker:
-        options.setdefault("clock", clock)
-        options.setdefault("timer", lambda: clock.now().timestamp())
-        options.setdefault("listen", False)
-        options.setdefault("install_signal_handlers", False)
-        worker = Worker(app, engine, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.close()
 
 
 def enqueue(engine: Engine, kind: str, n: int = 1) -> list[uuid.UUID]:

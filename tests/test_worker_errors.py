@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import psycopg
 import pytest
@@ -41,29 +39,6 @@ from .helpers import job_row, jobs_by_status
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 WAIT = 10.0
 TABLE = Job.__table__.fullname
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
-
-
-@pytest.fixture
-def make_worker(engine: Engine, clock: FakeClock) -> Iterator[Callable[..., Worker]]:
-    workers: list[Worker] = []
-
-    def make(app: JobApp, **options: Any) -> Worker:
-        options.setdefault("clock", clock)
-        options.setdefault("timer", lambda: clock.now().timestamp())
-        options.setdefault("listen", False)
-        options.setdefault("install_signal_handlers", False)
-        worker = Worker(app, engine, **options)
-        workers.append(worker)
-        return worker
-
-    yield make
-    for worker in workers:
-        worker.close()
 
 
 def enqueue(engine: Engine, kind: str, n: int, clock: FakeClock) -> list[uuid.UUID]:

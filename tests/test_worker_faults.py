@@ -23,9 +23,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +47,7 @@ from sa_outbox import (
 )
 
 from . import worker_app
+from .helpers import wait_until
 from .worker_app import SCHEMA, Job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,15 +60,6 @@ def worker_schema(engine: Engine) -> Iterator[str]:
     worker_app.create_schema(engine)
     yield SCHEMA
     worker_app.drop_schema(engine)
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what} after {timeout} s")
-        time.sleep(0.05)
 
 
 def counts(engine: Engine) -> dict[str, int]:
