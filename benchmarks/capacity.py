@@ -112,7 +112,7 @@ def _steps(url: str, n: int) -> list[Cost]:
     from sqlalchemy.orm import sessionmaker
 
     import sa_outbox
-    from sa_outbox import JobApp, JobQueue, NewJob, Relay, Worker
+    from sa_outbox import JobApp, JobQueue, NewJob, Pruner, Relay, Retention, Worker
     from sa_outbox.publishers.callable import CallablePublisher
 
     engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
@@ -178,6 +178,17 @@ def _steps(url: str, n: int) -> list[Cost]:
                     published += report.published
         finally:
             relay.close()
+
+        pruner = Pruner(
+            engine, jobs=m.job, outbox=m.outbox, retention=Retention(succeeded=0, published=0)
+        )
+        with meter.measure("retention: Pruner deletes the succeeded jobs", total, costs):
+            pruned = pruner.run_once()
+        vacuum = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        with vacuum, meter.measure("retention: VACUUM of the job table", total, costs):
+            vacuum.exec_driver_sql(f"VACUUM {SCHEMA}.jobs")
+        if pruned.succeeded != total or pruned.published != n:
+            raise RuntimeError(f"the pruner deleted {pruned}, not {total} jobs and {n} events")
     finally:
         meter.close()
         engine.dispose()
