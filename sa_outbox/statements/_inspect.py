@@ -325,6 +325,24 @@ def job_kind_exists(target: object, kind: str) -> Select[Any]:
     return select(exists().where(t.c.kind == names[0]))
 
 
+def job_queue_exists(target: object, queue: str) -> Select[Any]:
+    """``EXISTS`` a job of ``queue`` (any status): tells a mistyped queue name from an idle
+    queue. Like `job_kind_exists`, a name no job has reads the whole table.
+
+    Examples:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "EXISTS" in str(job_queue_exists(Job, "emails"))
+        True
+    """
+    names = name_filter(queue, "queue")
+    assert names is not None
+    t = table_of(target)
+    return select(exists().where(t.c.queue == names[0]))
+
+
 def queue_throughput(
     target: object, *, within: dt.timedelta | float = 300, clock: Clock | None = None
 ) -> Select[Any]:
