@@ -89,6 +89,7 @@ from .relay import (
     PublishError,
     PublisherUnavailable,
     Relay,
+    RelayMetrics,
     RelayReport,
 )
 from .schema import (
@@ -194,6 +195,7 @@ __all__ = [
     "Reclaimer",
     "RejectedEvent",
     "Relay",
+    "RelayMetrics",
     "RelayReport",
     "Retention",
     "RetryResult",
