@@ -124,6 +124,7 @@ from .worker import (
     Worker,
     WorkerMetrics,
     periodic_tick,
+    schedule_status,
 )
 
 __version__ = "0.1.0.dev0"
@@ -231,5 +232,6 @@ __all__ = [
     "queue_status",
     "retry_failed",
     "retry_parked",
+    "schedule_status",
     "table_health",
 ]

@@ -10,8 +10,9 @@ from collections.abc import Callable
 
 from sqlalchemy import Table
 
-from ..queue import QueueDepth, QueueStatus, queue_depths, queue_status
-from ..schema import JobStatus
+from ..queue import QueueDepth, QueueStatus, as_plain, queue_depths, queue_status
+from ..schema import JobStatus, resolve_table
+from ..worker import JobApp, ScheduleStatus, schedule_status
 from ._common import (
     CommandError,
     Handler,
@@ -32,6 +33,7 @@ from ._targets import (
     outbox_table,
     pause_table,
 )
+from ._worker import load_target
 
 #: Clears a terminal and puts the cursor home: ``--watch`` redraws in place with it.
 CLEAR = "\x1b[H\x1b[2J"
@@ -41,6 +43,7 @@ example:
   sa-outbox status --model myapp.models:Job --outbox-model myapp.models:OutboxEvent
   sa-outbox status --jobs-table public.jobs --json
   sa-outbox status --model myapp.models:Job --watch 5
+  sa-outbox status --app myapp.tasks:app    # the JobApp: its table and its schedules
 """
 
 _QUEUES_EXAMPLE = """\
@@ -70,6 +73,13 @@ def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add_job_target(parser)
     add_outbox_target(parser)
     add_pause_target(parser)
+    parser.add_argument(
+        "--app",
+        metavar="TARGET",
+        help="the JobApp, as module:attribute (what sa-outbox worker takes): list its "
+        "schedules of periodic jobs, their next tick and the last one enqueued; its model "
+        "is the job table unless --model or --jobs-table names another",
+    )
     parser.add_argument(
         "--failed-within",
         metavar="DURATION",
@@ -132,7 +142,7 @@ def _statuses(found: set[str]) -> list[str]:
     return known + sorted(found - set(known))
 
 
-def format_status(status: QueueStatus) -> str:
+def format_status(status: QueueStatus, schedules: list[ScheduleStatus] | None = None) -> str:
     """``sa-outbox status``'s readable report."""
     lines = [f"sa-outbox status at {moment(status.taken_at)} UTC"]
     jobs = status.jobs
@@ -173,6 +183,21 @@ def format_status(status: QueueStatus) -> str:
         paused_rows = [[p.queue, moment(p.paused_at), p.paused_by or ""] for p in status.paused]
         if paused_rows:
             lines.append(_indent(table(["queue", "since", "by"], paused_rows)))
+    if schedules is not None:
+        lines += ["", f"schedules          {len(schedules)}"]
+        schedule_rows = [
+            [
+                s.name,
+                s.kind,
+                s.when,
+                moment(s.next_tick),
+                "none in the table" if s.last_enqueued is None else moment(s.last_enqueued),
+            ]
+            for s in schedules
+        ]
+        if schedule_rows:
+            headers = ["schedule", "kind", "when", "next tick (UTC)", "last enqueued (UTC)"]
+            lines.append(_indent(table(headers, schedule_rows)))
     lines += ["", f"workers connected  {len(status.workers)}"]
     if status.workers:
         worker_rows = [
@@ -241,6 +266,7 @@ def _watch(args: argparse.Namespace, render: Callable[[], str]) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    app: JobApp | None = None if args.app is None else load_target(args.app)
     with database(args) as engine:
         tables: list[Table | None] = []  # found at the first frame, kept for the next ones
 
@@ -255,6 +281,8 @@ def _status(args: argparse.Namespace) -> int:
                         )
                     )
                 jobs, outbox, pauses = tables
+                if jobs is None and app is not None:
+                    jobs = tables[0] = resolve_table(app.model)
                 if jobs is None and outbox is None:
                     raise CommandError(
                         "give the job table (--model myapp.models:Job or --jobs-table "
@@ -268,7 +296,15 @@ def _status(args: argparse.Namespace) -> int:
                     failed_within=args.failed_within,
                     pauses=pauses,
                 )
-            return as_json(found.as_dict()) if args.json else format_status(found)
+                schedules = None
+                if app is not None and found.taken_at is not None:
+                    schedules = schedule_status(conn, app.schedules, jobs, now=found.taken_at)
+            if args.json:
+                plain = found.as_dict()
+                if schedules is not None:
+                    plain["schedules"] = as_plain(schedules)
+                return as_json(plain)
+            return format_status(found, schedules)
 
         return _watch(args, frame)
 
