@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, select
@@ -26,10 +30,11 @@ from sa_outbox import (
 from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL, run_admin
 
 from .conftest import TEST_SCHEMA, Job
-from .helpers import assert_one_line_error, cli_exit, jobs_by_status
+from .helpers import assert_one_line_error, cli_exit, jobs_by_status, wait_until
 from .helpers import run_cli as run
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+ROOT = Path(__file__).resolve().parents[1]
 PAUSES = ["--pause-model", "tests.test_cli_pause:PausedQueue"]
 TARGETS = ["--model", "tests.conftest:Job", *PAUSES]
 
@@ -259,3 +264,61 @@ def test_run_admin_takes_the_pause_model_as_a_preset(
     assert capsys.readouterr().err.startswith("flask queues: error: no pause table configured")
     assert paused_rows(engine) == [("emails", None)]
     assert jobs_by_status(engine) == {"pending": 3}
+
+
+def test_the_worker_command_honours_the_pause_table(
+    engine: Engine,
+    database_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "pause_app.py").write_text(
+        "from sqlalchemy.orm import DeclarativeBase\n"
+        "from sa_outbox import JobApp, JobMixin, QueuePauseMixin\n"
+        "class Base(DeclarativeBase):\n"
+        "    pass\n"
+        "class Job(JobMixin, Base):\n"
+        "    __tablename__ = 'jobs'\n"
+        f"    __table_schema__ = {TEST_SCHEMA!r}\n"
+        "class PausedQueue(QueuePauseMixin, Base):\n"
+        "    __tablename__ = 'paused_queues'\n"
+        f"    __table_schema__ = {TEST_SCHEMA!r}\n"
+        "app = JobApp(Job)\n"
+        "app.register('send-email', lambda job: None)\n"
+        "app.register('ping', lambda job: None)\n"
+    )
+    with engine.begin() as conn:
+        QueueControl(PausedQueue, jobs=Job).pause(conn, "emails", paused_by="test")
+    enqueue_three(engine)  # the emails first: a claim would take them before the ping
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    env[ENV_DATABASE_URL] = database_url
+    argv = ["worker", "pause_app:app", "--pause-model", "pause_app:PausedQueue"]
+    log = tmp_path / "worker.log"
+    with log.open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sa_outbox", *argv], cwd=tmp_path, env=env, stderr=err
+        )
+    try:
+        wait_until(lambda: jobs_by_status(engine).get("succeeded") == 1, "the ping")
+        assert process.poll() is None, log.read_text()
+        assert jobs_by_status(engine) == {"pending": 2, "succeeded": 1}  # emails wait
+        code, out, _ = run(capsys, "queues", "resume", "emails", *TARGETS)
+        assert (code, out) == (0, "resumed emails\n")
+        wait_until(lambda: jobs_by_status(engine) == {"succeeded": 3}, "the emails")
+    finally:
+        process.terminate()
+        process.wait(30)
+    assert process.returncode == 0, log.read_text()
+    assert jobs_by_status(engine) == {"succeeded": 3}
+
+
+def test_the_worker_command_refuses_a_pause_model_that_is_not_one(
+    engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    enqueue_three(engine)
+    argv = ["worker", "tests.test_cli_pause:empty_app", "--pause-model", "tests.conftest:Job"]
+    assert_one_line_error(capsys, argv, "--pause-model needs the QueuePauseMixin model")
+    assert jobs_by_status(engine) == {"pending": 3}
+
+
+empty_app = JobApp(Job)

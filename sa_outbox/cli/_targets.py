@@ -18,7 +18,14 @@ from sqlalchemy import Connection, Engine, MetaData, Table
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
 
 from ..schema import TABLE_KIND_INFO_KEY, resolve_table
-from ._common import CommandError, _add_database_url, _connect, _database_error, load_table
+from ._common import (
+    CommandError,
+    _add_database_url,
+    _connect,
+    _database_error,
+    _import_target,
+    load_table,
+)
 
 _JOB_COLUMNS = frozenset(
     {"id", "kind", "queue", "status", "attempts", "max_attempts", "run_at", "lease_token"}
@@ -245,6 +252,13 @@ def _pause_model(target: str) -> Table:
             f"{target} is not a QueuePauseMixin model (no column {', '.join(missing)})"
         )
     return table
+
+
+def load_pause_model(target: str) -> object:
+    """The `QueuePauseMixin` model (or its `Table`) at ``module:attribute``, as imported: a
+    class pickles by reference, so `Supervisor`'s child processes get it too."""
+    _pause_model(target)
+    return _import_target(target)
 
 
 def pause_table(
