@@ -266,7 +266,9 @@ def test_run_admin_takes_the_pause_model_as_a_preset(
     assert jobs_by_status(engine) == {"pending": 3}
 
 
+@pytest.mark.parametrize("processes", ["1", "2"])
 def test_the_worker_command_honours_the_pause_table(
+    processes: str,
     engine: Engine,
     database_url: str,
     tmp_path: Path,
@@ -293,6 +295,7 @@ def test_the_worker_command_honours_the_pause_table(
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     env[ENV_DATABASE_URL] = database_url
     argv = ["worker", "pause_app:app", "--pause-model", "pause_app:PausedQueue"]
+    argv += ["--processes", processes]
     log = tmp_path / "worker.log"
     with log.open("wb") as err:
         process = subprocess.Popen(
