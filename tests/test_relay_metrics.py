@@ -318,3 +318,48 @@ def test_the_relay_cli_refuses_a_port_in_use_in_one_line(
     assert done.stderr.startswith(f"sa-outbox relay: error: --metrics-port {port}: ")
     assert done.stderr.count("\n") == 1
     assert counts(engine) == {"published": 0, "parked": 0, "pending": 1}
+
+
+def test_the_relay_cli_serves_metrics_for_an_async_relay(
+    engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "async_relay_app.py").write_text(
+        "from sqlalchemy.ext.asyncio import AsyncEngine\n"
+        "from sqlalchemy.orm import DeclarativeBase\n"
+        "from sa_outbox import OutboxMixin\n"
+        "from sa_outbox.publishers.callable import CallablePublisher\n"
+        "from sa_outbox.relay import AsyncRelay\n"
+        "class Base(DeclarativeBase):\n"
+        "    pass\n"
+        "class OutboxEvent(OutboxMixin, Base):\n"
+        "    __tablename__ = 'outbox'\n"
+        f"    __table_schema__ = {TEST_SCHEMA!r}\n"
+        "def make_relay(engine: AsyncEngine) -> AsyncRelay:\n"
+        "    return AsyncRelay(engine, OutboxEvent, CallablePublisher(lambda event: None))\n"
+    )
+    append(engine, Outbox(OutboxEvent), [("1", "Paid"), ("2", "Paid")])
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    env["SA_OUTBOX_DATABASE_URL"] = database_url
+    log = tmp_path / "relay.log"
+    argv = ["relay", "async_relay_app:make_relay", "--metrics-port", str(port)]
+    with log.open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sa_outbox", *argv], cwd=tmp_path, env=env, stderr=err
+        )
+    key = ("sa_outbox_events_published_total", (("event_type", "Paid"),))
+    found: dict[Any, float] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while found.get(key) != 2 or found.get(("sa_outbox_relay_backlog", ())) != 0:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"no metrics in 60 s: {found}\n{log.read_text()}"
+            try:
+                found = scrape(port)
+            except OSError:
+                time.sleep(0.1)  # not listening yet: poll again
+    finally:
+        process.terminate()
+        process.wait(30)
+    assert process.returncode == 0, log.read_text()
+    assert counts(engine) == {"published": 2, "parked": 0, "pending": 0}
