@@ -109,6 +109,20 @@ def test_pause_stops_a_worker_and_resume_lets_it_go_on(
     assert jobs_by_status(engine) == {"succeeded": 3}
 
 
+def test_the_tables_may_be_given_before_the_action(
+    engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    enqueue_three(engine)
+    code, out, err = run(capsys, "queues", *TARGETS, "pause", "emails")
+    assert (code, out, err) == (0, "paused emails\n", "")
+    code, out, err = run(
+        capsys, "queues", "--model", "tests.conftest:Job", "resume", "emails", *PAUSES
+    )
+    assert (code, out, err) == (0, "resumed emails\n", "")
+    assert paused_rows(engine) == []
+    assert jobs_by_status(engine) == {"pending": 3}
+
+
 def test_pausing_twice_says_since_when_and_by_whom(
     engine: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,10 +35,13 @@ def add_pause_actions(parser: argparse.ArgumentParser) -> None:
             "Pause QUEUE for every worker started with the pause table: its jobs stay "
             "pending (enqueueing goes on), the running ones finish. A name no job has yet "
             "is refused as a likely typo, unless --new. Give the job table and the pause "
-            "table after the action."
+            "table (before or after the action)."
         ),
         epilog=_PAUSE_EXAMPLE,
     )
+    # An option the action is not given keeps the value ``queues`` parsed before it
+    # (``sa-outbox queues --model m:Job pause emails``) instead of resetting it to None.
+    pause.argument_default = argparse.SUPPRESS
     pause.add_argument("queue", metavar="QUEUE", help="the queue's name")
     pause.add_argument("--by", metavar="WHO", help="who paused it, and why (free text)")
     pause.add_argument(
@@ -51,6 +54,7 @@ def add_pause_actions(parser: argparse.ArgumentParser) -> None:
         description="Resume QUEUE: the workers claim its jobs again, woken by a notification.",
         epilog=_PAUSE_EXAMPLE,
     )
+    resume.argument_default = argparse.SUPPRESS
     resume.add_argument("queue", metavar="QUEUE", help="the queue's name")
     for action, handler in ((pause, _pause), (resume, _resume)):
         add_job_target(action)
@@ -69,13 +73,14 @@ def _text(value: str, what: str) -> str:
 
 def _pause(args: argparse.Namespace) -> int:
     queue = _text(args.queue, "QUEUE")
-    who = None if args.by is None else _text(args.by, "--by")
+    by = getattr(args, "by", None)
+    who = None if by is None else _text(by, "--by")
     with connection(args, write=True) as conn:
         jobs = job_table(args, conn)
         pauses = pause_table(args, conn)
         assert jobs is not None
         assert pauses is not None
-        if not args.new and not queue_exists(conn, jobs, queue):
+        if not getattr(args, "new", False) and not queue_exists(conn, jobs, queue):
             raise CommandError(
                 f"no job has queue {queue!r} in {jobs.fullname}: check the name, or pass "
                 "--new to pause it before its first job"
