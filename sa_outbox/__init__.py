@@ -89,6 +89,7 @@ from .relay import (
     PublishError,
     PublisherUnavailable,
     Relay,
+    RelayMetrics,
     RelayReport,
 )
 from .schema import (
@@ -123,6 +124,7 @@ from .worker import (
     Worker,
     WorkerMetrics,
     periodic_tick,
+    schedule_status,
 )
 
 __version__ = "0.1.0.dev0"
@@ -194,6 +196,7 @@ __all__ = [
     "Reclaimer",
     "RejectedEvent",
     "Relay",
+    "RelayMetrics",
     "RelayReport",
     "Retention",
     "RetryResult",
@@ -229,5 +232,6 @@ __all__ = [
     "queue_status",
     "retry_failed",
     "retry_parked",
+    "schedule_status",
     "table_health",
 ]

@@ -168,7 +168,7 @@ def test_prune_and_health_run_on_database_url(
     only_app_url: str, engine: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["prune", "tests.conftest:Job", "--older-than", "1d"]) == 0
-    assert capsys.readouterr().out.startswith("pruned 0 succeeded and 0 failed jobs")
+    assert capsys.readouterr().out.startswith("pruned 0 succeeded, 0 failed and 0 cancelled jobs")
     assert main(["health", "tests.conftest:Job"]) == 0
     assert f"{TEST_SCHEMA}.jobs: " in capsys.readouterr().out
 

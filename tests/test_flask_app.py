@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -68,9 +70,12 @@ def test_the_migrations_create_everything(app: Any) -> None:
     tables = {
         r[0] for r in rows(app, f"SELECT tablename FROM pg_tables WHERE schemaname = '{SCHEMA}'")
     }
-    assert tables >= {"orders", "jobs", "outbox", "sent_emails", "alembic_version"}
+    assert tables >= {"orders", "jobs", "outbox", "sent_emails", "paused_queues"}
     [[version]] = rows(app, "SELECT version_num FROM alembic_version")
-    assert version == "0001"
+    assert version == "0002"
+    # The migrations match the models: autogenerate finds nothing.
+    with app.app_context(), db.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), db.metadata) == []
 
 
 def test_an_order_its_event_and_its_job_commit_together(app: Any) -> None:
@@ -199,6 +204,27 @@ def test_the_flask_status_jobs_and_outbox_commands_see_and_retry_a_failed_job(ap
     )
     assert "worked 1 job(s)" in runner.invoke(args=["worker", "--drain"]).output
     assert client.get("/status.json").json["jobs"]["failed"] == 0
+
+
+def test_the_flask_queues_command_pauses_and_resumes_the_worker(app: Any) -> None:
+    with app.app_context():
+        sa_outbox.enqueue(
+            db.session, "send-confirmation", {"order_id": 1}, model=Job, queue="emails"
+        )
+        db.session.commit()
+    runner = app.test_cli_runner()
+    paused = runner.invoke(args=["queues", "pause", "emails", "--by", "ops: SMTP down"])
+    assert paused.exit_code == 0 and "paused emails (by ops: SMTP down)" in paused.output
+    assert "worked 0 job(s)" in runner.invoke(args=["worker", "--drain"]).output
+    listed = runner.invoke(args=["queues"])
+    assert listed.output.splitlines()[0].split()[-1] == "paused"
+    assert "paused queues      1" in runner.invoke(args=["status"]).output
+    typo = runner.invoke(args=["queues", "pause", "emials"])
+    assert typo.exit_code == 1
+    resumed = runner.invoke(args=["queues", "resume", "emails"])
+    assert resumed.exit_code == 0 and "resumed emails" in resumed.output
+    assert "worked 1 job(s)" in runner.invoke(args=["worker", "--drain"]).output
+    assert rows(app, "SELECT status::text, count(*) FROM jobs GROUP BY 1") == [("failed", 1)]
 
 
 def test_the_flask_admin_commands_help_and_bad_input(app: Any) -> None:

@@ -471,9 +471,11 @@ def test_cli_prunes_in_batches_with_progress(engine, database_url, capsys):
     argv += ["--batch", "4", "--progress-every", "5", "--database-url", database_url]
     assert main(argv) == 0
     out, err = capsys.readouterr()
-    assert out == "pruned 25 succeeded and 7 failed jobs, 12 published events in 14 batches\n"
+    assert out == (
+        "pruned 25 succeeded, 7 failed and 0 cancelled jobs, 12 published events in 14 batches\n"
+    )
     assert err.count("... ") == 2  # after batches 5 and 10
-    assert f"... {JOBS.fullname}: pruned 20 succeeded and 0 failed jobs" in err
+    assert f"... {JOBS.fullname}: pruned 20 succeeded, 0 failed and 0 cancelled jobs" in err
     assert job_counts(engine, NOW) == KEPT_JOBS
     assert event_counts(engine, NOW) == {
         "old published": 0,
@@ -486,10 +488,60 @@ def test_cli_keep_failed_and_the_default_windows(engine, database_url, capsys, m
     seed(engine, now=NOW)
     monkeypatch.setenv(ENV_DATABASE_URL, database_url)
     assert main(["prune", "tests.conftest:Job", "--older-than", "1d", "--keep-failed"]) == 0
-    assert capsys.readouterr().out.startswith("pruned 25 succeeded and 0 failed jobs, 0 ")
+    assert capsys.readouterr().out.startswith("pruned 25 succeeded, 0 failed and 0 cancelled")
     left = {key: n for key, n in SEEDED_JOBS.items() if key != ("succeeded", True)}
     assert job_counts(engine, NOW) == left
     assert event_counts(engine, NOW) == SEEDED_EVENTS
+
+
+def add_cancelled(engine: Engine, ages: dict[dt.timedelta, int]) -> None:
+    with engine.begin() as conn:
+        for age, n in ages.items():
+            when = NOW - age
+            row = {"kind": "k", "payload": {}, "status": "cancelled", "updated_at": when}
+            conn.execute(insert(JOBS), [row | {"created_at": when} for _ in range(n)])
+
+
+def cancelled_left(engine: Engine) -> dict[bool, int]:
+    """Cancelled jobs left, by whether they were cancelled more than 5 days ago."""
+    old = (JOBS.c.updated_at < NOW - 5 * DAY).label("old")
+    query = select(old, func.count()).where(JOBS.c.status == "cancelled").group_by(old)
+    with engine.connect() as conn:
+        return {bool(is_old): n for is_old, n in conn.execute(query).all()}
+
+
+def test_cli_prunes_cancelled_jobs_past_their_own_window(engine, database_url, capsys):
+    seed(engine, now=NOW)
+    add_cancelled(engine, {10 * DAY: 6, 2 * DAY: 4})
+    argv = ["prune", "tests.conftest:Job", "--older-than", "1d", "--keep-failed"]
+    assert main([*argv, "--cancelled", "5d", "--batch", "4", "--database-url", database_url]) == 0
+    assert capsys.readouterr().out.startswith("pruned 25 succeeded, 0 failed and 6 cancelled ")
+    assert cancelled_left(engine) == {False: 4}
+    left = {key: n for key, n in SEEDED_JOBS.items() if key != ("succeeded", True)}
+    assert job_counts(engine, NOW) == left | {("cancelled", False): 4}
+    assert event_counts(engine, NOW) == SEEDED_EVENTS
+
+
+def test_cli_cancelled_defaults_to_older_than_and_can_be_kept(engine, database_url, capsys):
+    add_cancelled(engine, {10 * DAY: 3, 2 * DAY: 2, dt.timedelta(hours=1): 1})
+    argv = ["prune", "tests.conftest:Job", "--database-url", database_url]
+    assert main([*argv, "--older-than", "1d", "--keep-cancelled"]) == 0
+    assert "0 cancelled jobs" in capsys.readouterr().out
+    assert cancelled_left(engine) == {True: 3, False: 3}
+    assert main([*argv, "--older-than", "1d"]) == 0
+    assert "and 5 cancelled jobs" in capsys.readouterr().out
+    assert cancelled_left(engine) == {False: 1}
+
+
+def test_cli_refuses_a_bad_cancelled_window_before_any_sql(engine, capsys):
+    add_cancelled(engine, {10 * DAY: 2})
+    with pytest.raises(SystemExit) as exit_:
+        main(["prune", "tests.conftest:Job", "--older-than", "1d", "--cancelled", "0s"])
+    assert exit_.value.code == 2
+    assert "argument --cancelled/--cancelled-older-than: must be more than" in (
+        capsys.readouterr().err
+    )
+    assert cancelled_left(engine) == {True: 2}
 
 
 @pytest.mark.parametrize("bad", ["7days", "d", "-1d", "1.5h", "7"])

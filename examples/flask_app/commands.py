@@ -16,7 +16,7 @@ from sa_outbox import ClaimedEvent, Relay, Worker
 from sa_outbox.cli import run_admin
 from sa_outbox.publishers.callable import CallablePublisher
 
-from .models import Job, OutboxEvent, db
+from .models import Job, OutboxEvent, PausedQueue, db
 from .tasks import make_job_app
 
 
@@ -41,7 +41,7 @@ def _publisher() -> Any:
 #: sa-outbox's commands mounted under ``flask``, with what ``flask --help`` says of each.
 ADMIN_COMMANDS = {
     "status": "The queue at a glance: counts, oldest ready job, failures, workers.",
-    "queues": "Each queue's jobs by status and its throughput of the last minutes.",
+    "queues": "Each queue's jobs by status and throughput; pause and resume one.",
     "jobs": "List, show and retry jobs (flask jobs list --status failed).",
     "outbox": "List, show and retry parked outbox events (flask outbox list --parked).",
 }
@@ -58,7 +58,12 @@ def _add_admin_command(app: Flask, name: str, summary: str) -> None:
     @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
     def admin_command(argv: tuple[str, ...]) -> None:
         code = run_admin(
-            [name, *argv], engine=db.engine, jobs=Job, outbox=OutboxEvent, prog="flask"
+            [name, *argv],
+            engine=db.engine,
+            jobs=Job,
+            outbox=OutboxEvent,
+            pauses=PausedQueue,
+            prog="flask",
         )
         raise SystemExit(code)
 
@@ -78,6 +83,7 @@ def register(app: Flask) -> None:
             make_job_app(engine),
             engine,
             queues=["emails", "default"],
+            pauses=PausedQueue,
             concurrency=concurrency,
             listen=not drain,
             install_signal_handlers=not drain,

@@ -8,7 +8,7 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import DateTime, ForeignKey, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from sa_outbox import JobMixin, OutboxMixin
+from sa_outbox import JobMixin, OutboxMixin, QueuePauseMixin
 
 
 class Base(DeclarativeBase):
@@ -37,6 +37,12 @@ class Job(JobMixin, db.Model):  # type: ignore[name-defined,misc]
 
 class OutboxEvent(OutboxMixin, db.Model):  # type: ignore[name-defined,misc]
     __tablename__ = "outbox"
+
+
+class PausedQueue(QueuePauseMixin, db.Model):  # type: ignore[name-defined,misc]
+    """The queues paused by ``flask queues pause QUEUE``: the worker claims none of their jobs."""
+
+    __tablename__ = "paused_queues"
 
 
 class OrderPlaced(OutboxEvent):

@@ -169,13 +169,14 @@ def run_admin(
     jobs: object | None = None,
     outbox: object | None = None,
     prog: str = "sa-outbox",
+    pauses: object | None = None,
 ) -> int:
     """Run ``status``, ``queues``, ``jobs …`` or ``outbox …`` inside an application that
     already has its engine and models (a Flask command group, a management script).
 
-    ``jobs`` and ``outbox`` are the default models (``--model`` and ``--outbox-model``
-    still win); ``engine`` is used unless ``--database-url`` is given. Returns the exit
-    status, as `main` does.
+    ``jobs``, ``outbox`` and ``pauses`` (a `QueuePauseMixin` model) are the default models
+    (``--model``, ``--outbox-model`` and ``--pause-model`` still win); ``engine`` is used
+    unless ``--database-url`` is given. Returns the exit status, as `main` does.
 
     Examples:
         @app.cli.command("status", context_settings={"ignore_unknown_options": True})
@@ -184,7 +185,7 @@ def run_admin(
             raise SystemExit(run_admin(["status", *argv], engine=db.engine, jobs=Job))
     """
     args = build_admin_parser(prog).parse_args(list(argv))
-    args.preset = Preset(engine=engine, jobs=jobs, outbox=outbox)
+    args.preset = Preset(engine=engine, jobs=jobs, outbox=outbox, pauses=pauses)
     return _run(args, f"{prog} {args.command}")
 
 

@@ -30,8 +30,9 @@ def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "prune",
         help="delete finished jobs (and published events) older than a window, in batches",
         description=(
-            "Delete succeeded jobs older than --older-than and failed jobs older than "
-            "--failed-older-than (default: the same), and with --outbox published events "
+            "Delete succeeded jobs older than --older-than, failed jobs older than "
+            "--failed-older-than and cancelled jobs older than --cancelled (both default to "
+            "--older-than), and with --outbox published events "
             "older than --outbox-older-than (default: the same), --batch rows per short "
             "transaction, until nothing is left. Pending and running jobs, unpublished and "
             "parked events are never touched. If another pruner holds a table's lock, that "
@@ -55,6 +56,15 @@ def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="prune failed jobs finished longer ago than this (default: --older-than)",
     )
     parser.add_argument("--keep-failed", action="store_true", help="never prune failed jobs")
+    parser.add_argument(
+        "--cancelled",
+        "--cancelled-older-than",
+        dest="cancelled_older_than",
+        metavar="DURATION",
+        type=parse_duration,
+        help="prune cancelled jobs cancelled longer ago than this (default: --older-than)",
+    )
+    parser.add_argument("--keep-cancelled", action="store_true", help="never prune cancelled jobs")
     parser.add_argument(
         "--outbox", metavar="TARGET", help="also prune this outbox model's published events"
     )
@@ -84,7 +94,8 @@ def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _format_prune(report: PruneReport) -> str:
     text = (
-        f"pruned {report.succeeded} succeeded and {report.failed} failed jobs, "
+        f"pruned {report.succeeded} succeeded, {report.failed} failed and "
+        f"{report.cancelled} cancelled jobs, "
         f"{report.published} published events in {report.batches} batches"
     )
     if report.skipped:
@@ -96,10 +107,12 @@ def _prune(args: argparse.Namespace) -> int:
     jobs = load_table(args.target)
     outbox = None if args.outbox is None else load_table(args.outbox)
     failed = None if args.keep_failed else (args.failed_older_than or args.older_than)
+    cancelled = None if args.keep_cancelled else (args.cancelled_older_than or args.older_than)
     try:
         retention = Retention(
             succeeded=args.older_than,
             failed=failed,
+            cancelled=cancelled,
             published=args.outbox_older_than or args.older_than,
             batch=args.batch,
         )

@@ -31,6 +31,12 @@ from .._connect_args import check_listen_url, connect_args
 from .._exceptions import InvalidArgument
 from .._loading import import_target
 from .._pooler import prepare_nothing_behind_a_pooler
+from ..metrics import (
+    MetricsUnavailable,
+    PrometheusRelayMetrics,
+    QueueStatusCollector,
+    serve_metrics,
+)
 from ..relay import AsyncRelay, Relay, RelayReport
 from ._common import (
     CommandError,
@@ -39,6 +45,7 @@ from ._common import (
     _add_log_level,
     _database_error,
     _engine,
+    _positive_int,
     _resolve_url,
     _setup_logging,
     given_listen_url,
@@ -70,6 +77,13 @@ def _add_relay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "itself, as module:attribute",
     )
     parser.add_argument("--once", action="store_true", help="run one cycle, print it, exit")
+    parser.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        type=_positive_int,
+        help="serve Prometheus metrics at :PORT/metrics: the relay's counters and "
+        "histograms, the outbox backlog and parked gauges (needs sa-outbox[prometheus])",
+    )
     _add_database_url(parser, "PostgreSQL URL of the engine given to a TARGET function")
     _add_listen_url(parser)
     _add_log_level(parser)
@@ -195,6 +209,13 @@ def _relay(args: argparse.Namespace) -> int:
         relay.settings = dataclasses.replace(
             relay.settings, listen_url=check_listen_url(listen_url)
         )
+    stop_metrics: Callable[[], None] | None = None
+    if args.metrics_port is not None:
+        try:
+            stop_metrics = _serve_relay_metrics(relay, args.metrics_port)
+        except BaseException:
+            _close_now(relay, made)
+            raise
     try:
         if isinstance(relay, AsyncRelay):
             asyncio.run(_run_async_relay(relay, made, once=args.once))
@@ -203,7 +224,50 @@ def _relay(args: argparse.Namespace) -> int:
     except DBAPIError as exc:
         url: URL = relay.engine.url
         raise _database_error(url, exc) from exc
+    finally:
+        if stop_metrics is not None:
+            stop_metrics()
     return 0
+
+
+def _serve_relay_metrics(relay: Relay | AsyncRelay, port: int) -> Callable[[], None]:
+    """Count the relay's cycles into Prometheus, add the outbox gauges (read on a sync
+    engine of the relay's database at each scrape) and serve them; returns the stop."""
+    try:
+        relay.metrics = PrometheusRelayMetrics()
+        url = relay.engine.url
+        if isinstance(relay, AsyncRelay):  # the gauges read synchronously, with psycopg
+            url = url.set(drivername="postgresql+psycopg")
+        engine = _engine(url, f"sa-outbox relay metrics {relay.name}")
+        QueueStatusCollector(engine, outbox=relay.table).register()
+    except MetricsUnavailable as exc:
+        raise CommandError(f"--metrics-port {port}: {exc}") from None
+    try:
+        stop_serving = serve_metrics(port)
+    except OSError as exc:
+        engine.dispose()
+        raise CommandError(f"--metrics-port {port}: {exc}") from None
+
+    def stop() -> None:
+        stop_serving()
+        engine.dispose()
+
+    return stop
+
+
+def _close_now(relay: Relay | AsyncRelay, made: Engine | AsyncEngine | None) -> None:
+    if isinstance(relay, AsyncRelay):
+
+        async def close() -> None:
+            await relay.aclose()
+            await relay.engine.dispose()
+
+        asyncio.run(close())
+    else:
+        relay.close()
+        relay.engine.dispose()
+    if made is not None and made is not relay.engine:
+        _dispose_now(made)
 
 
 def _run_relay(relay: Relay, made: Engine | AsyncEngine | None, *, once: bool) -> None:

@@ -10,8 +10,9 @@ from collections.abc import Callable
 
 from sqlalchemy import Table
 
-from ..queue import QueueDepth, QueueStatus, queue_depths, queue_status
-from ..schema import JobStatus
+from ..queue import QueueDepth, QueueStatus, as_plain, queue_depths, queue_status
+from ..schema import JobStatus, resolve_table
+from ..worker import JobApp, ScheduleStatus, schedule_status
 from ._common import (
     CommandError,
     Handler,
@@ -21,8 +22,18 @@ from ._common import (
     parse_duration,
     positive_seconds,
 )
+from ._pause import add_pause_actions
 from ._render import age, as_json, moment, span, table
-from ._targets import add_job_target, add_outbox_target, database, job_table, outbox_table
+from ._targets import (
+    add_job_target,
+    add_outbox_target,
+    add_pause_target,
+    database,
+    job_table,
+    outbox_table,
+    pause_table,
+)
+from ._worker import load_target
 
 #: Clears a terminal and puts the cursor home: ``--watch`` redraws in place with it.
 CLEAR = "\x1b[H\x1b[2J"
@@ -32,11 +43,17 @@ example:
   sa-outbox status --model myapp.models:Job --outbox-model myapp.models:OutboxEvent
   sa-outbox status --jobs-table public.jobs --json
   sa-outbox status --model myapp.models:Job --watch 5
+  sa-outbox status --app myapp.tasks:app    # the JobApp: its table and its schedules
 """
 
 _QUEUES_EXAMPLE = """\
 example:
   sa-outbox queues --model myapp.models:Job --within 15m
+  sa-outbox queues --model myapp.models:Job --pause-model myapp.models:PausedQueue
+  sa-outbox queues pause emails --by ana --model myapp.models:Job \
+      --pause-model myapp.models:PausedQueue
+  sa-outbox queues resume emails --model myapp.models:Job \
+      --pause-model myapp.models:PausedQueue
 """
 
 
@@ -55,6 +72,14 @@ def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     add_job_target(parser)
     add_outbox_target(parser)
+    add_pause_target(parser)
+    parser.add_argument(
+        "--app",
+        metavar="TARGET",
+        help="the JobApp, as module:attribute (what sa-outbox worker takes): list its "
+        "schedules of periodic jobs, their next tick and the last one enqueued; its model "
+        "is the job table unless --model or --jobs-table names another",
+    )
     parser.add_argument(
         "--failed-within",
         metavar="DURATION",
@@ -93,11 +118,14 @@ def _add_queues(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="each queue's jobs by status and its throughput of the last minutes",
         description=(
             "Print each queue's jobs by status and how many finished (succeeded or failed, "
-            "by updated_at) within --within, per minute. Only reads."
+            "by updated_at) within --within, per minute, and with the pause table whether "
+            "it is paused. Only reads. The actions pause and resume a queue."
         ),
         epilog=_QUEUES_EXAMPLE,
     )
+    add_pause_actions(parser)
     add_job_target(parser)
+    add_pause_target(parser)
     parser.add_argument(
         "--within",
         metavar="DURATION",
@@ -114,7 +142,7 @@ def _statuses(found: set[str]) -> list[str]:
     return known + sorted(found - set(known))
 
 
-def format_status(status: QueueStatus) -> str:
+def format_status(status: QueueStatus, schedules: list[ScheduleStatus] | None = None) -> str:
     """``sa-outbox status``'s readable report."""
     lines = [f"sa-outbox status at {moment(status.taken_at)} UTC"]
     jobs = status.jobs
@@ -150,6 +178,26 @@ def format_status(status: QueueStatus) -> str:
             f"backlog            {outbox.backlog} unpublished{oldest}",
             f"parked             {outbox.parked}",
         ]
+    if status.paused is not None:
+        lines += ["", f"paused queues      {len(status.paused)}"]
+        paused_rows = [[p.queue, moment(p.paused_at), p.paused_by or ""] for p in status.paused]
+        if paused_rows:
+            lines.append(_indent(table(["queue", "since", "by"], paused_rows)))
+    if schedules is not None:
+        lines += ["", f"schedules          {len(schedules)}"]
+        schedule_rows = [
+            [
+                s.name,
+                s.kind,
+                s.when,
+                moment(s.next_tick),
+                "none in the table" if s.last_enqueued is None else moment(s.last_enqueued),
+            ]
+            for s in schedules
+        ]
+        if schedule_rows:
+            headers = ["schedule", "kind", "when", "next tick (UTC)", "last enqueued (UTC)"]
+            lines.append(_indent(table(headers, schedule_rows)))
     lines += ["", f"workers connected  {len(status.workers)}"]
     if status.workers:
         worker_rows = [
@@ -180,11 +228,15 @@ def format_queues(depths: list[QueueDepth], within: dt.timedelta) -> str:
         return "no jobs"
     columns = _statuses({s for d in depths for s in d.counts})
     window = span(within)
-    rows = [
+    rows: list[list[object]] = [
         [d.queue, *(d.counts.get(s, 0) for s in columns), d.succeeded + d.failed, d.per_minute]
         for d in depths
     ]
     headers = ["queue", *columns, f"done {window}", "per min"]
+    if any(d.paused is not None for d in depths):
+        headers.append("paused")
+        for row, d in zip(rows, depths, strict=True):
+            row.append("paused" if d.paused else "")
     return table(headers, rows, right=len(columns) + 2)
 
 
@@ -214,6 +266,7 @@ def _watch(args: argparse.Namespace, render: Callable[[], str]) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    app: JobApp | None = None if args.app is None else load_target(args.app)
     with database(args) as engine:
         tables: list[Table | None] = []  # found at the first frame, kept for the next ones
 
@@ -224,9 +277,12 @@ def _status(args: argparse.Namespace) -> int:
                         (
                             job_table(args, conn, required=False),
                             outbox_table(args, conn, required=False),
+                            pause_table(args, conn, required=False),
                         )
                     )
-                jobs, outbox = tables
+                jobs, outbox, pauses = tables
+                if jobs is None and app is not None:
+                    jobs = tables[0] = resolve_table(app.model)
                 if jobs is None and outbox is None:
                     raise CommandError(
                         "give the job table (--model myapp.models:Job or --jobs-table "
@@ -234,24 +290,37 @@ def _status(args: argparse.Namespace) -> int:
                         "SCHEMA.TABLE), or both"
                     )
                 found = queue_status(
-                    conn, jobs=jobs, outbox=outbox, failed_within=args.failed_within
+                    conn,
+                    jobs=jobs,
+                    outbox=outbox,
+                    failed_within=args.failed_within,
+                    pauses=pauses,
                 )
-            return as_json(found.as_dict()) if args.json else format_status(found)
+                schedules = None
+                if app is not None and found.taken_at is not None:
+                    schedules = schedule_status(conn, app.schedules, jobs, now=found.taken_at)
+            if args.json:
+                plain = found.as_dict()
+                if schedules is not None:
+                    plain["schedules"] = as_plain(schedules)
+                return as_json(plain)
+            return format_status(found, schedules)
 
         return _watch(args, frame)
 
 
 def _queues(args: argparse.Namespace) -> int:
     with database(args) as engine:
-        tables: list[Table] = []
+        tables: list[Table | None] = []
 
         def frame() -> str:
             with engine.connect() as conn:
                 if not tables:
                     found = job_table(args, conn)
                     assert found is not None
-                    tables.append(found)
-                depths = queue_depths(conn, tables[0], within=args.within)
+                    tables.extend((found, pause_table(args, conn, required=False)))
+                jobs, pauses = tables
+                depths = queue_depths(conn, jobs, within=args.within, pauses=pauses)
             if args.json:
                 return as_json(
                     [
@@ -262,6 +331,7 @@ def _queues(args: argparse.Namespace) -> int:
                             "failed": d.failed,
                             "within": d.within,
                             "per_minute": d.per_minute,
+                            "paused": d.paused,
                         }
                         for d in depths
                     ]

@@ -18,12 +18,20 @@ from sqlalchemy import Connection, Engine, MetaData, Table
 from sqlalchemy.exc import DBAPIError, NoSuchTableError
 
 from ..schema import TABLE_KIND_INFO_KEY, resolve_table
-from ._common import CommandError, _add_database_url, _connect, _database_error, load_table
+from ._common import (
+    CommandError,
+    _add_database_url,
+    _connect,
+    _database_error,
+    _import_target,
+    load_table,
+)
 
 _JOB_COLUMNS = frozenset(
     {"id", "kind", "queue", "status", "attempts", "max_attempts", "run_at", "lease_token"}
 )
 _OUTBOX_COLUMNS = frozenset({"id", "seq", "event_type", "published_at", "parked_at"})
+_PAUSE_COLUMNS = frozenset({"queue", "paused_at", "paused_by"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +46,7 @@ class Preset:
     engine: Engine | None = None
     jobs: object | None = None
     outbox: object | None = None
+    pauses: object | None = None
 
 
 def preset_of(args: argparse.Namespace) -> Preset:
@@ -117,6 +126,18 @@ def add_outbox_target(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_pause_target(parser: argparse.ArgumentParser) -> None:
+    """``--pause-model TARGET`` or ``--pause-table [SCHEMA.]TABLE``."""
+    _add_target(
+        parser,
+        "--pause-model",
+        "the paused-queues model (QueuePauseMixin), as module:attribute, "
+        "e.g. myapp.models:PausedQueue",
+        "--pause-table",
+        "or the paused-queues table's name, read from the database, e.g. public.paused_queues",
+    )
+
+
 def add_json_and_target(
     parser: argparse.ArgumentParser,
     add_target: Callable[[argparse.ArgumentParser], None],
@@ -143,7 +164,7 @@ def _reflect(conn: Connection, value: str, kind: str, needed: frozenset[str]) ->
 
 
 def _a(kind: str) -> str:
-    return "an outbox" if kind == "outbox" else "a job"
+    return {"outbox": "an outbox", "pause": "a paused-queues"}.get(kind, "a job")
 
 
 def _model(target: str, kind: str, option: str) -> Table:
@@ -213,6 +234,52 @@ def outbox_table(
         missing=(
             "give the outbox table: --outbox-model myapp.models:OutboxEvent "
             "or --outbox-table SCHEMA.TABLE"
+        ),
+        required=required,
+    )
+
+
+def _pause_model(target: str) -> Table:
+    table = load_table(target)
+    found = table.info.get(TABLE_KIND_INFO_KEY)
+    if found is not None:
+        raise CommandError(
+            f"{target} is {_a(found)} model; --pause-model needs the QueuePauseMixin model"
+        )
+    missing = sorted(_PAUSE_COLUMNS - set(table.c.keys()))
+    if missing:
+        raise CommandError(
+            f"{target} is not a QueuePauseMixin model (no column {', '.join(missing)})"
+        )
+    return table
+
+
+def load_pause_model(target: str) -> object:
+    """The `QueuePauseMixin` model (or its `Table`) at ``module:attribute``, as imported: a
+    class pickles by reference, so `Supervisor`'s child processes get it too."""
+    _pause_model(target)
+    return _import_target(target)
+
+
+def pause_table(
+    args: argparse.Namespace, conn: Connection, *, required: bool = True
+) -> Table | None:
+    """The paused-queues table the arguments name (``--pause-model``, ``--pause-table``,
+    or the preset's)."""
+    model = getattr(args, "pause_model", None)
+    if model:
+        return _pause_model(model)
+    return _table(
+        conn,
+        model=None,
+        name=getattr(args, "pause_table", None),
+        preset=preset_of(args).pauses,
+        kind="pause",
+        option="--pause-model",
+        columns=_PAUSE_COLUMNS,
+        missing=(
+            "no pause table configured: give --pause-model myapp.models:PausedQueue "
+            "or --pause-table SCHEMA.TABLE (a QueuePauseMixin table, docs/control.md)"
         ),
         required=required,
     )

@@ -32,6 +32,7 @@ from ._common import (
     positive_seconds,
     seconds_or_zero,
 )
+from ._targets import load_pause_model
 
 
 def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -122,6 +123,12 @@ def _add_worker(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     parser.add_argument("--worker-id", metavar="ID", help="default: host:pid:random")
     parser.add_argument(
+        "--pause-model",
+        metavar="TARGET",
+        help="the paused-queues model (QueuePauseMixin), as module:attribute: claim no job "
+        "of a queue paused there (sa-outbox queues pause QUEUE)",
+    )
+    parser.add_argument(
         "--metrics-port",
         metavar="PORT",
         type=_positive_int,
@@ -167,6 +174,8 @@ def _worker(args: argparse.Namespace) -> int:
         reclaim=args.reclaim,
         worker_id=args.worker_id,
     )
+    if args.pause_model:
+        options["pauses"] = load_pause_model(args.pause_model)
     if args.processes > 1 and args.metrics_port is not None:
         raise CommandError("--metrics-port needs --processes 1 (one port, one process)")
     if args.processes > 1:

@@ -2,8 +2,9 @@
 
 May import the runtimes (``sa_outbox.worker``, ``sa_outbox.relay``) and everything below;
 ``prometheus_client`` is imported here only (``pip install "sa-outbox[prometheus]"``). The
-package imports without it; `PrometheusMetrics`, `QueueStatusCollector` and `serve_metrics`
-then raise `MetricsUnavailable`. docs/metrics.md lists every metric and log field.
+package imports without it; `PrometheusMetrics`, `PrometheusRelayMetrics`,
+`QueueStatusCollector` and `serve_metrics` then raise `MetricsUnavailable`. docs/metrics.md
+lists every metric and log field.
 
 Examples:
     >>> from sa_outbox.metrics import JsonFormatter, MetricsUnavailable
@@ -12,12 +13,19 @@ Examples:
 """
 
 from ._logs import JsonFormatter
-from ._prometheus import MetricsUnavailable, PrometheusMetrics, QueueStatusCollector, serve_metrics
+from ._prometheus import (
+    MetricsUnavailable,
+    PrometheusMetrics,
+    PrometheusRelayMetrics,
+    QueueStatusCollector,
+    serve_metrics,
+)
 
 __all__ = [
     "JsonFormatter",
     "MetricsUnavailable",
     "PrometheusMetrics",
+    "PrometheusRelayMetrics",
     "QueueStatusCollector",
     "serve_metrics",
 ]

@@ -24,6 +24,7 @@ from .._clock import Clock
 from .._exceptions import InvalidArgument
 from ..schema import JobStatus, resolve_table
 from ..statements._common import as_uuid
+from ._control import PausedQueue
 from ._outbox import Outbox
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ __all__ = [
     "list_events",
     "list_jobs",
     "queue_depths",
+    "queue_exists",
     "queue_status",
     "retry_failed",
     "retry_parked",
@@ -178,17 +180,19 @@ class QueueStatus:
 
     ``workers`` lists the workers connected now (``application_name``; workers started by
     ``sa-outbox worker`` set it); a worker of your own process that does not set it shows
-    only in ``jobs.holders``, while it holds jobs.
+    only in ``jobs.holders``, while it holds jobs. ``paused`` lists the paused queues when
+    `queue_status` was given the pause table (``pauses=``), else it is ``None``.
 
     Examples:
         >>> QueueStatus(None, None, None, []).as_dict()
-        {'taken_at': None, 'jobs': None, 'outbox': None, 'workers': []}
+        {'taken_at': None, 'jobs': None, 'outbox': None, 'workers': [], 'paused': None}
     """
 
     taken_at: dt.datetime | None
     jobs: JobsStatus | None
     outbox: OutboxStatus | None
     workers: list[ConnectedWorker]
+    paused: list[PausedQueue] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The status as JSON-ready data (see `as_plain`)."""
@@ -203,16 +207,18 @@ def queue_status(
     outbox: object | None = None,
     failed_within: dt.timedelta | float = 3600,
     clock: Clock | None = None,
+    pauses: object | None = None,
 ) -> QueueStatus:
     """Read the status of the job table and/or the outbox, and the connected workers.
 
     Only reads. The counts by queue, kind and status read the whole job table; the rest
-    walks partial indexes.
+    walks partial indexes. Given ``pauses`` (a `QueuePauseMixin` model), ``paused`` lists
+    the paused queues.
 
     Examples:
         with engine.connect() as conn:
-            status = queue_status(conn, jobs=Job, outbox=OutboxEvent)
-        status.jobs.oldest_ready_age, status.outbox.parked, status.workers
+            status = queue_status(conn, jobs=Job, outbox=OutboxEvent, pauses=PausedQueue)
+        status.jobs.oldest_ready_age, status.outbox.parked, status.workers, status.paused
     """
     if jobs is None and outbox is None:
         raise InvalidArgument("queue_status needs a job model (jobs=) or an outbox (outbox=)")
@@ -248,7 +254,12 @@ def queue_status(
             parked=row.parked,
         )
     workers = [ConnectedWorker(*row) for row in conn.execute(st.connected_workers())]
-    return QueueStatus(taken_at, jobs_status, outbox_status, workers)
+    paused = None if pauses is None else _paused(conn, pauses)
+    return QueueStatus(taken_at, jobs_status, outbox_status, workers, paused)
+
+
+def _paused(conn: Connection, pauses: object) -> list[PausedQueue]:
+    return [PausedQueue(*row) for row in conn.execute(st.select_paused_queues(pauses))]
 
 
 def _window(value: dt.timedelta | float) -> dt.timedelta:
@@ -337,6 +348,16 @@ def kind_exists(conn: Connection, jobs: object, kind: str) -> bool:
     return bool(conn.execute(st.job_kind_exists(jobs, kind)).scalar())
 
 
+def queue_exists(conn: Connection, jobs: object, queue: str) -> bool:
+    """Whether any job of ``queue`` is in the table (in any status).
+
+    Examples:
+        with engine.connect() as conn:
+            queue_exists(conn, Job, "emails")
+    """
+    return bool(conn.execute(st.job_queue_exists(jobs, queue)).scalar())
+
+
 def retry_failed(
     conn: Connection,
     jobs: object,
@@ -391,6 +412,9 @@ def retry_failed(
 class QueueDepth:
     """One queue: its jobs by status, and the jobs that finished within ``within``.
 
+    ``paused`` says whether the queue is paused, when `queue_depths` was given the pause
+    table (else ``None``).
+
     Examples:
         >>> q = QueueDepth("emails", {"pending": 5}, 120, 2, dt.timedelta(minutes=5))
         >>> q.per_minute
@@ -402,6 +426,7 @@ class QueueDepth:
     succeeded: int
     failed: int
     within: dt.timedelta
+    paused: bool | None = None
 
     @property
     def per_minute(self) -> float:
@@ -416,13 +441,17 @@ def queue_depths(
     *,
     within: dt.timedelta | float = 300,
     clock: Clock | None = None,
+    pauses: object | None = None,
 ) -> list[QueueDepth]:
     """Each queue's depth by status and its throughput over the last ``within``, by name.
 
+    Given ``pauses`` (a `QueuePauseMixin` model), each says whether it is paused, and a
+    paused queue with no job yet is listed too.
+
     Examples:
         with engine.connect() as conn:
-            for q in queue_depths(conn, Job):
-                print(q.queue, q.counts.get("pending", 0), q.per_minute)
+            for q in queue_depths(conn, Job, pauses=PausedQueue):
+                print(q.queue, q.counts.get("pending", 0), q.per_minute, q.paused)
     """
     window = _window(within)
     done = {
@@ -433,9 +462,15 @@ def queue_depths(
     for queue, _kind, status, n in conn.execute(st.count_jobs_by_queue_kind_status(jobs)):
         by_status = counts.setdefault(queue, {})
         by_status[status] = by_status.get(status, 0) + n
+    if pauses is None:
+        return [
+            QueueDepth(name, counts.get(name, {}), *done.get(name, (0, 0)), window)
+            for name in sorted(counts.keys() | done.keys())
+        ]
+    paused = {p.queue for p in _paused(conn, pauses)}
     return [
-        QueueDepth(name, counts.get(name, {}), *done.get(name, (0, 0)), window)
-        for name in sorted(counts.keys() | done.keys())
+        QueueDepth(name, counts.get(name, {}), *done.get(name, (0, 0)), window, name in paused)
+        for name in sorted(counts.keys() | done.keys() | paused)
     ]
 
 

@@ -20,16 +20,20 @@ from ._config import DEFAULT_RETENTION, RelaySettings
 from ._plan import BatchPlan, RelayReport
 from ._publisher import EventsRejected, Publisher, PublishError, PublisherUnavailable
 from ._sync import Relay
+from .metrics import CountingRelayMetrics, PublishOutcome, RelayMetrics
 
 __all__ = [
     "DEFAULT_RETENTION",
     "AsyncRelay",
     "BatchPlan",
+    "CountingRelayMetrics",
     "EventsRejected",
     "PublishError",
+    "PublishOutcome",
     "Publisher",
     "PublisherUnavailable",
     "Relay",
+    "RelayMetrics",
     "RelayReport",
     "RelaySettings",
 ]

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 import tenacity
-from sqlalchemy import URL
+from sqlalchemy import URL, Table
 from sqlalchemy.exc import DBAPIError
 
 from .._backoff import Backoff
@@ -32,6 +32,7 @@ from ._listen import DEAF_WARNING, AsyncListener
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
 from ._sync import _log, _log_retry
+from .metrics import CycleRecorder, RelayMetrics
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -76,6 +77,7 @@ class AsyncRelay:
         retry_max: dt.timedelta | float = 30.0,
         clock: Clock | None = None,
         listen_url: str | URL | None = None,
+        metrics: RelayMetrics | None = None,
     ) -> None:
         if not hasattr(engine, "sync_engine"):
             raise InvalidArgumentType(
@@ -103,6 +105,12 @@ class AsyncRelay:
             listen_url=listen_url,
         )
         self.engine = engine
+        if metrics is not None and not isinstance(metrics, RelayMetrics):
+            raise InvalidArgumentType(
+                f"metrics must be a RelayMetrics (sa_outbox.relay.metrics), got {metrics!r}"
+            )
+        #: The `RelayMetrics` hooks each cycle calls (``None``: none); may be set later.
+        self.metrics = metrics
         self.publisher = publisher
         self._ops = _OutboxOps(
             model,
@@ -126,6 +134,11 @@ class AsyncRelay:
         """The relay's name in logs and reports (default ``host:pid``)."""
         return self.settings.name
 
+    @property
+    def table(self) -> Table:
+        """The outbox table the relay publishes."""
+        return self._ops.table
+
     def __repr__(self) -> str:
         return f"AsyncRelay({self._ops.table.fullname!r}, {self.publisher!r}, name={self.name!r})"
 
@@ -136,8 +149,10 @@ class AsyncRelay:
             report = await relay.run_once()
         """
         s = self.settings
+        recorder = CycleRecorder(self.metrics)
         async with self.engine.begin() as conn:
             events = await _adrive(conn, self._ops.claim(s.batch, s.lease, s.per_aggregate))
+        recorder.claimed(events)
         if not events:
             return RelayReport(self.name)
         deadline = time.monotonic() + (s.lease - s.publish_timeout).total_seconds()
@@ -146,25 +161,31 @@ class AsyncRelay:
             if self._stop_requested.is_set() or time.monotonic() > deadline:
                 plan.stop()
                 break
-            for isolated in await self._publish(plan, plan.next_wave()):
-                await self._publish(plan, [isolated])
+            for isolated in await self._publish(plan, plan.next_wave(), recorder):
+                await self._publish(plan, [isolated], recorder)
                 if plan.unavailable:
                     break
         async with self.engine.begin() as conn:
             report = await _adrive(conn, finish(self._ops, plan, self.name, s.max_attempts))
         _log(report)
+        recorder.finished(plan, report)
         return report
 
-    async def _publish(self, plan: BatchPlan, wave: list[ClaimedEvent]) -> list[ClaimedEvent]:
+    async def _publish(
+        self, plan: BatchPlan, wave: list[ClaimedEvent], recorder: CycleRecorder
+    ) -> list[ClaimedEvent]:
         error: BaseException | None = None
         timeout = self.settings.publish_timeout.total_seconds()
+        recorder.publishing()
         try:
             await asyncio.wait_for(self.publisher.publish(wave), timeout)
         except TimeoutError:
             error = PublisherUnavailable(f"the publisher did not finish within {timeout} s")
         except Exception as exc:
             error = exc
-        return settle(plan, wave, error)
+        isolated = settle(plan, wave, error)
+        recorder.published(plan, wave, error)
+        return isolated
 
     async def prune_once(self) -> int:
         """See `Relay.prune_once`.

@@ -9,6 +9,7 @@ Examples:
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 
 import tenacity
@@ -92,13 +93,15 @@ def finish(ops: _OutboxOps, plan: BatchPlan, relay: str, max_attempts: int) -> O
     answers of the broker that refused it.
     """
     lost = parked = 0
+    parked_ids: tuple[uuid.UUID, ...] = ()
     published = plan.published_pairs()
     if published:
         lost += len((yield from ops.mark_published_many(published)).lost)
     rejected = plan.rejected_triples()
     if rejected:
         results = yield from ops.reject_many(rejected, max_attempts)
-        parked = sum(1 for r in results if r.parked)
+        parked_ids = tuple(r.id for r in results if r.parked)
+        parked = len(parked_ids)
         lost += len(rejected) - len(results)
     unreachable = plan.unreachable_pairs()
     if unreachable:
@@ -106,7 +109,7 @@ def finish(ops: _OutboxOps, plan: BatchPlan, relay: str, max_attempts: int) -> O
     untried = plan.untried_pairs()
     if untried:
         lost += len((yield from ops.release_many(untried, None, False)).lost)
-    return plan.report(relay, parked=parked, lost=lost)
+    return plan.report(relay, parked=parked, lost=lost, parked_ids=parked_ids)
 
 
 def retry_wait(settings: RelaySettings) -> tenacity.wait.wait_base:

@@ -63,6 +63,8 @@ class RelayReport:
     unavailable: str | None = None
     #: The ids published, in the order they were confirmed.
     published_ids: tuple[uuid.UUID, ...] = ()
+    #: The ids of the rejected events that were parked.
+    parked_ids: tuple[uuid.UUID, ...] = ()
 
     @property
     def idle(self) -> bool:
@@ -136,6 +138,16 @@ class BatchPlan:
         """True when no aggregate has an untried event left."""
         return not any(self._runs.values())
 
+    @property
+    def published_events(self) -> list[ClaimedEvent]:
+        """The events the broker took, in the order it confirmed them."""
+        return list(self._published)
+
+    @property
+    def rejected_events(self) -> list[ClaimedEvent]:
+        """The events the broker refused."""
+        return [event for event, _error in self._rejected]
+
     def published_pairs(self) -> list[Pair]:
         """(id, relay_token) of the events to mark published."""
         return [(e.id, e.relay_token) for e in self._published]
@@ -152,7 +164,14 @@ class BatchPlan:
         """(id, relay_token) of the events never tried in this cycle."""
         return [(e.id, e.relay_token) for e in self._untried]
 
-    def report(self, relay: str, *, parked: int = 0, lost: int = 0) -> RelayReport:
+    def report(
+        self,
+        relay: str,
+        *,
+        parked: int = 0,
+        lost: int = 0,
+        parked_ids: tuple[uuid.UUID, ...] = (),
+    ) -> RelayReport:
         """The cycle's `RelayReport`."""
         return RelayReport(
             relay=relay,
@@ -164,4 +183,5 @@ class BatchPlan:
             lost=lost,
             unavailable=self.unavailable,
             published_ids=tuple(e.id for e in self._published),
+            parked_ids=parked_ids,
         )

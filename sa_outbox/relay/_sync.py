@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import tenacity
-from sqlalchemy import URL, Engine
+from sqlalchemy import URL, Engine, Table
 from sqlalchemy.exc import DBAPIError
 
 from .._backoff import Backoff
@@ -32,6 +32,7 @@ from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle
 from ._listen import DEAF_WARNING, SyncListener, WakePipe
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
+from .metrics import CycleRecorder, RelayMetrics
 
 __all__ = ["Relay"]
 
@@ -95,6 +96,8 @@ class Relay:
     lease) bounds one publish: a publish that does not finish in time counts as the broker
     being unreachable, and no wave starts unless it can finish within the lease.
     ``clock`` is for tests (`FakeClock`), ``backoff`` is a rejected event's delay.
+    ``metrics``: the `RelayMetrics` hooks each cycle calls (claim, each publish, each
+    event's fate; ``sa_outbox.metrics.PrometheusRelayMetrics`` counts them for Prometheus).
     ``listen_url``: a direct PostgreSQL URL for the LISTEN connection alone, when the
     engine goes through a transaction pooler such as PgBouncer (docs/pgbouncer.md); without
     it, a LISTEN through a pooler is detected and warned about once, and the relay polls.
@@ -135,6 +138,7 @@ class Relay:
         retry_max: dt.timedelta | float = 30.0,
         clock: Clock | None = None,
         listen_url: str | URL | None = None,
+        metrics: RelayMetrics | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise InvalidArgumentType(
@@ -162,6 +166,12 @@ class Relay:
             listen_url=listen_url,
         )
         self.engine = engine
+        if metrics is not None and not isinstance(metrics, RelayMetrics):
+            raise InvalidArgumentType(
+                f"metrics must be a RelayMetrics (sa_outbox.relay.metrics), got {metrics!r}"
+            )
+        #: The `RelayMetrics` hooks each cycle calls (``None``: none); may be set later.
+        self.metrics = metrics
         self.publisher = publisher
         self._ops = _OutboxOps(
             model,
@@ -185,6 +195,11 @@ class Relay:
         """The relay's name in logs and reports (default ``host:pid``)."""
         return self.settings.name
 
+    @property
+    def table(self) -> Table:
+        """The outbox table the relay publishes."""
+        return self._ops.table
+
     def __repr__(self) -> str:
         return f"Relay({self._ops.table.fullname!r}, {self.publisher!r}, name={self.name!r})"
 
@@ -198,8 +213,10 @@ class Relay:
             print(report.published, "published,", report.parked, "parked")
         """
         s = self.settings
+        recorder = CycleRecorder(self.metrics)
         with self.engine.begin() as conn:
             events = _drive(conn, self._ops.claim(s.batch, s.lease, s.per_aggregate))
+        recorder.claimed(events)
         if not events:
             return RelayReport(self.name)
         deadline = time.monotonic() + (s.lease - s.publish_timeout).total_seconds()
@@ -208,24 +225,30 @@ class Relay:
             if self._stopping.is_set() or time.monotonic() > deadline:
                 plan.stop()  # not enough lease left to publish another wave safely
                 break
-            for isolated in self._publish(plan, plan.next_wave()):
-                self._publish(plan, [isolated])
+            for isolated in self._publish(plan, plan.next_wave(), recorder):
+                self._publish(plan, [isolated], recorder)
                 if plan.unavailable:
                     break
         with self.engine.begin() as conn:
             report = _drive(conn, finish(self._ops, plan, self.name, s.max_attempts))
         _log(report)
+        recorder.finished(plan, report)
         return report
 
-    def _publish(self, plan: BatchPlan, wave: list[ClaimedEvent]) -> list[ClaimedEvent]:
+    def _publish(
+        self, plan: BatchPlan, wave: list[ClaimedEvent], recorder: CycleRecorder
+    ) -> list[ClaimedEvent]:
         error: BaseException | None = None
+        recorder.publishing()
         try:
             self._portal.call(
                 self.publisher.publish(wave), self.settings.publish_timeout.total_seconds()
             )
         except Exception as exc:
             error = exc
-        return settle(plan, wave, error)
+        isolated = settle(plan, wave, error)
+        recorder.published(plan, wave, error)
+        return isolated
 
     def prune_once(self) -> int:
         """Delete the events published more than ``retention`` ago, in batches; returns how

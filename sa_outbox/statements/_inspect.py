@@ -18,7 +18,7 @@ from sqlalchemy import text as sql_text
 from sqlalchemy.sql.elements import TextClause
 
 from .._clock import Clock
-from .._exceptions import InvalidArgument
+from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import count, duration, name_filter
 from ..schema import JobStatus
 from ._common import as_uuid, in_names, interval, now_of, table_of
@@ -323,6 +323,49 @@ def job_kind_exists(target: object, kind: str) -> Select[Any]:
     assert names is not None
     t = table_of(target)
     return select(exists().where(t.c.kind == names[0]))
+
+
+def latest_deduplication_key(target: object, kind: str, prefix: str) -> Select[Any]:
+    """The greatest ``deduplication_key`` of a job of ``kind`` that starts with ``prefix``
+    (``NULL`` when none does), in any status. It walks the ``(kind, deduplication_key)``
+    unique index; the periodic jobs' keys end with their tick in UTC ISO 8601, so the
+    greatest key is the latest tick.
+
+    Examples:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "max(jobs.deduplication_key)" in str(latest_deduplication_key(Job, "k", "p:"))
+        True
+    """
+    names = name_filter(kind, "kind")
+    assert names is not None
+    if not isinstance(prefix, str):
+        raise InvalidArgumentType(f"prefix must be a str, got {type(prefix).__name__}")
+    t = table_of(target)
+    return select(func.max(t.c.deduplication_key)).where(
+        t.c.kind == names[0],
+        t.c.deduplication_key.startswith(prefix, autoescape=True),
+    )
+
+
+def job_queue_exists(target: object, queue: str) -> Select[Any]:
+    """``EXISTS`` a job of ``queue`` (any status): tells a mistyped queue name from an idle
+    queue. Like `job_kind_exists`, a name no job has reads the whole table.
+
+    Examples:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "EXISTS" in str(job_queue_exists(Job, "emails"))
+        True
+    """
+    names = name_filter(queue, "queue")
+    assert names is not None
+    t = table_of(target)
+    return select(exists().where(t.c.queue == names[0]))
 
 
 def queue_throughput(

@@ -37,7 +37,7 @@ from .errors import (
 from .metrics import CountingMetrics, JobOutcome, WorkerMetrics
 from .reclaimer import AsyncReclaimer, Reclaimer
 from .registry import Handler, HandlerSpec, JobApp, backoff_wait
-from .schedule import Schedule, Tick, periodic_tick
+from .schedule import Schedule, ScheduleStatus, Tick, periodic_tick, schedule_status
 from .supervisor import Supervisor
 from .sync import Worker
 
@@ -60,6 +60,7 @@ __all__ = [
     "PermanentError",
     "Reclaimer",
     "Schedule",
+    "ScheduleStatus",
     "Snooze",
     "Supervisor",
     "Tick",
@@ -68,4 +69,5 @@ __all__ = [
     "WorkerMetrics",
     "backoff_wait",
     "periodic_tick",
+    "schedule_status",
 ]

@@ -28,7 +28,7 @@ import zoneinfo
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 
 from .._clock import Clock
 from .._exceptions import InvalidArgument, InvalidArgumentType
@@ -42,9 +42,17 @@ from .._validation import (
     name as _checked_name,
 )
 from ..queue._executors import Op, _JobOps
-from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob
+from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, latest_deduplication_key
 
-__all__ = ["Missed", "Schedule", "Scheduler", "Tick", "periodic_tick"]
+__all__ = [
+    "Missed",
+    "Schedule",
+    "ScheduleStatus",
+    "Scheduler",
+    "Tick",
+    "periodic_tick",
+    "schedule_status",
+]
 
 #: What a schedule does with the ticks no worker ran in time (see `Schedule`).
 Missed = Literal["skip", "backfill"]
@@ -361,3 +369,56 @@ class Scheduler:
             for (schedule, tick), result in zip(due, results, strict=True)
         ]
         return now, ticks
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleStatus:
+    """A schedule as ``sa-outbox status --app`` shows it: what it enqueues and when, its
+    next tick after ``now``, and the latest tick whose job is in the table (``None``: none
+    is, never enqueued or pruned since).
+
+    Examples:
+        >>> t = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+        >>> ScheduleStatus("report", "report", "every 1:00:00", "default", t, None).name
+        'report'
+    """
+
+    name: str
+    kind: str
+    when: str
+    queue: str
+    next_tick: dt.datetime
+    last_enqueued: dt.datetime | None
+
+
+def _when(schedule: Schedule) -> str:
+    return f"cron {schedule.cron} ({schedule.tz})" if schedule.cron else f"every {schedule.every}"
+
+
+def schedule_status(
+    conn: Connection, schedules: Sequence[Schedule], jobs: object, *, now: dt.datetime
+) -> list[ScheduleStatus]:
+    """Each schedule's next tick after ``now`` and the latest tick enqueued in ``jobs``
+    (read from the periodic jobs' deduplication keys), on a sync `Connection`.
+
+    Examples:
+        with engine.connect() as conn:
+            for s in schedule_status(conn, app.schedules, Job, now=now):
+                print(s.name, s.next_tick, s.last_enqueued)
+    """
+    now = aware_datetime(now, "now")
+    found = []
+    for schedule in schedules:
+        prefix = f"{KEY_PREFIX}{schedule.name}@"
+        key = conn.execute(latest_deduplication_key(jobs, schedule.kind, prefix)).scalar()
+        found.append(
+            ScheduleStatus(
+                schedule.name,
+                schedule.kind,
+                _when(schedule),
+                schedule.queue,
+                schedule.next_tick(now),
+                periodic_tick(key),
+            )
+        )
+    return found
