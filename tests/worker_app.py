@@ -130,6 +130,8 @@ def main() -> None:
     parser.add_argument("--mode", choices=["drain", "run"], default="drain")
     parser.add_argument("--poll-interval", type=float, default=1.0)
     parser.add_argument("--quiet", action="store_true", help="no LISTEN, reclaimer nor vacuum")
+    parser.add_argument("--worker-id", help="default: host:pid:random")
+    parser.add_argument("--concurrency", type=int, default=10)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     engine = create_engine(args.database_url)
@@ -142,6 +144,8 @@ def main() -> None:
         clock=clock,
         listen=args.mode == "run" and not args.quiet,
         poll_interval=args.poll_interval,
+        worker_id=args.worker_id,
+        concurrency=args.concurrency,
         **quiet,  # type: ignore[arg-type]
     )
     if args.mode == "drain":
