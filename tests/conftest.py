@@ -8,6 +8,7 @@ are declared on a base of the tests' own, as a user would.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -47,6 +48,15 @@ class Order(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     customer: Mapped[str] = mapped_column(unique=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_garbage_per_module() -> Iterator[None]:
+    """Collect garbage as each module ends, so that a connection a module left open fails
+    that module (psycopg's ResourceWarning, an error here) instead of whichever later test
+    the collector happens to run in."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

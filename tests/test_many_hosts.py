@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from sa_outbox import JobQueue
 from sa_outbox.statements import NewJob
@@ -144,15 +144,26 @@ def hosts() -> Iterator[tuple[list[tuple[str, str, str]], int]]:
         yield made, port
 
 
+@pytest.fixture
+def local(hosts: tuple[list[tuple[str, str, str]], int]) -> Iterator[Engine]:
+    """An engine on the throwaway cluster over loopback, disposed even when the test fails
+    (a pooled connection left to the garbage collector fails a later test with a
+    ResourceWarning)."""
+    engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{hosts[1]}/postgres")
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
 def test_a_host_cut_off_mid_run_loses_its_jobs_to_the_others_and_writes_nothing_late(
-    hosts, tmp_path
+    hosts, local, tmp_path
 ):
     made, port = hosts
-    local = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres")
     create_schema(local)
     queue = JobQueue(Job)
     with local.begin() as conn:
@@ -238,7 +249,6 @@ def test_a_host_cut_off_mid_run_loses_its_jobs_to_the_others_and_writes_nothing_
         names = set(
             conn.execute(text(f"SELECT DISTINCT worker_id FROM {SCHEMA}.completions")).scalars()
         )
-    local.dispose()
     assert statuses == {"succeeded": JOBS}
     # Exactly once, each by the token of its last claim: no stale completion got through.
     assert len(completions) == JOBS
@@ -299,13 +309,12 @@ sys.stdin.read()
         ),
     ],
 )
-def test_a_host_cut_off_inside_a_transaction_does_not_keep_its_locks(hosts, keepalives):
+def test_a_host_cut_off_inside_a_transaction_does_not_keep_its_locks(hosts, local, keepalives):
     # The server knows nothing of a dead client: a backend idle in a transaction waits for
     # the next statement for as long as its own TCP keepalives allow (the operating
     # system's: two hours), its row locks held, the jobs invisible to every SKIP LOCKED.
     # tcp_keepalives_* for the session (here in the startup options) bound that.
     made, port = hosts
-    local = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres")
     create_schema(local)
     queue = JobQueue(Job)
     with local.begin() as conn:
@@ -356,5 +365,4 @@ def test_a_host_cut_off_inside_a_transaction_does_not_keep_its_locks(hosts, keep
         statuses = dict(
             conn.execute(text(f"SELECT status, count(*) FROM {SCHEMA}.jobs GROUP BY status")).all()
         )
-    local.dispose()
     assert statuses == {"running": 3}
