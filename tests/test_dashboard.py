@@ -25,19 +25,34 @@ pytest.importorskip("flask", reason="the dashboard needs Flask (the test extra h
 
 from flask import Flask
 
-from sa_outbox.dashboard import CSRF_COOKIE, create_app, dashboard_blueprint
+from sa_outbox import InvalidArgument
+from sa_outbox.dashboard import (
+    CSRF_COOKIE,
+    TOKEN_COOKIE,
+    TokenGate,
+    allow_anyone,
+    create_app,
+    dashboard_blueprint,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 _TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
+#: The standalone app's token in these tests.
+SECRET = "a-test-token-of-some-length"
+
+
 def client_of(app: Flask) -> Any:
-    return app.test_client()
+    """A test client that carries the standalone app's token, as a logged-in browser does."""
+    client = app.test_client()
+    client.set_cookie(TOKEN_COOKIE, SECRET)
+    return client
 
 
 @pytest.fixture
 def client(engine: Engine) -> Any:
-    return client_of(create_app(engine, jobs=Job, outbox=OutboxEvent))
+    return client_of(create_app(engine, jobs=Job, outbox=OutboxEvent, token=SECRET))
 
 
 def token(client: Any, path: str = "/") -> str:
@@ -200,14 +215,16 @@ def test_a_post_without_the_csrf_token_is_refused(engine: Engine, client: Any) -
         response = client.post(f"/jobs/{failed}/retry", data=data)
         assert response.status_code == 403
         assert "CSRF token is missing or wrong" in response.get_data(as_text=True)
-    other = client_of(create_app(engine, jobs=Job, outbox=OutboxEvent))  # no cookie
+    other = client_of(create_app(engine, jobs=Job, outbox=OutboxEvent, token=SECRET))  # no cookie
     assert other.post(f"/jobs/{failed}/retry", data={"csrf_token": csrf}).status_code == 403
     assert jobs_by_status(engine)["failed"] == 2
 
 
 def test_read_only_mode_shows_no_buttons_and_refuses_posts(engine: Engine) -> None:
     scene = make_scene(engine)
-    client = client_of(create_app(engine, jobs=Job, outbox=OutboxEvent, read_only=True))
+    client = client_of(
+        create_app(engine, jobs=Job, outbox=OutboxEvent, read_only=True, token=SECRET)
+    )
     for path in ("/", "/jobs", f"/jobs/{scene.failed[0]}"):
         html = client.get(path).get_data(as_text=True)
         assert '<form class="inline" method="post"' not in html and "read-only" in html
@@ -239,9 +256,46 @@ def test_mounted_under_a_prefix_with_an_authorisation_callback(engine: Engine) -
     assert jobs_by_status(engine).get("failed", 0) == 0
 
 
+def test_mounting_requires_an_authorisation_callback(engine: Engine) -> None:
+    with pytest.raises(InvalidArgument, match="needs authorize=") as raised:
+        dashboard_blueprint(engine, jobs=Job)
+    assert "allow_anyone" in str(raised.value)
+    with pytest.raises(TypeError, match="authorize must be a callable"):
+        dashboard_blueprint(engine, jobs=Job, authorize=True)  # type: ignore[arg-type]
+    app = Flask("host")
+    app.register_blueprint(dashboard_blueprint(engine, jobs=Job, authorize=allow_anyone))
+    assert app.test_client().get("/").status_code == 200
+
+
+def test_the_standalone_app_refuses_a_request_without_its_token(engine: Engine) -> None:
+    scene = make_scene(engine)
+    app = create_app(engine, jobs=Job, outbox=OutboxEvent, token=SECRET)
+    anonymous = app.test_client()
+    for path in ("/", "/jobs", f"/jobs/{scene.failed[0]}", "/?token=wrong-token-but-long"):
+        assert anonymous.get(path).status_code == 403, path
+    assert anonymous.post(f"/jobs/{scene.failed[0]}/retry").status_code == 403
+    bearer = {"Authorization": f"Bearer {SECRET}"}
+    assert anonymous.get("/", headers=bearer).status_code == 200
+    assert anonymous.get("/", headers={"Authorization": "Bearer nope"}).status_code == 403
+    # Opening an address that carries the token logs a browser in, then drops it from the URL.
+    browser = app.test_client()
+    response = browser.get(f"/jobs?status=failed&token={SECRET}")
+    assert response.status_code == 302 and response.location == "/jobs?status=failed"
+    assert browser.get_cookie(TOKEN_COOKIE).value == SECRET
+    assert browser.get("/jobs?status=failed").status_code == 200
+    assert jobs_by_status(engine)["failed"] == 2  # nothing written by any of it
+
+
+def test_a_short_or_padded_token_is_refused(engine: Engine) -> None:
+    for bad in ("short", " " + SECRET):
+        with pytest.raises(InvalidArgument, match="at least 16 characters"):
+            create_app(engine, jobs=Job, token=bad)
+    assert repr(TokenGate(SECRET)) == "TokenGate(<hidden>)"
+
+
 def test_the_dashboard_without_an_outbox(engine: Engine) -> None:
     make_scene(engine)
-    client = client_of(create_app(engine, jobs=Job))
+    client = client_of(create_app(engine, jobs=Job, token=SECRET))
     html = client.get("/").get_data(as_text=True)
     assert "Parked outbox events" not in html and '<td id="count-failed">2</td>' in html
     with engine.connect() as conn:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from sa_outbox import JobQueue
+from sa_outbox import JobApp, JobQueue, Worker
 
 from .conftest import Job, OutboxEvent
 from .helpers import job_row, jobs_by_status
@@ -24,6 +24,11 @@ from selenium.webdriver.common.by import By
 from werkzeug.serving import make_server
 
 from sa_outbox.dashboard import create_app
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Where the screenshot of the run is kept (a test artefact; docs/img holds a copy).
+ARTEFACTS = ROOT / "tmp" / "artefacts"
+TOKEN = "browser-test-token-0123456789"
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -48,7 +53,9 @@ def browser() -> Iterator[webdriver.Chrome]:
 
 @pytest.fixture
 def live_url(engine: Engine) -> Iterator[str]:
-    server = make_server("127.0.0.1", 0, create_app(engine, jobs=Job, outbox=OutboxEvent))
+    server = make_server(
+        "127.0.0.1", 0, create_app(engine, jobs=Job, outbox=OutboxEvent, token=TOKEN)
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
@@ -67,7 +74,10 @@ def test_see_a_failed_job_and_retry_it_in_a_browser(
         queue.fail(conn, job.id, job.lease_token, error="SMTPError: 550 <b>refused</b>")
     assert jobs_by_status(engine) == {"failed": 1}
 
-    browser.get(live_url + "/")
+    browser.get(live_url + "/")  # no token yet: refused
+    assert "not authorised" in browser.find_element(By.TAG_NAME, "body").text
+    browser.get(f"{live_url}/?token={TOKEN}")  # the address the command prints
+    assert browser.current_url == f"{live_url}/"  # the token left the address bar
     assert browser.find_element(By.ID, "count-failed").text == "1"
     browser.find_element(By.LINK_TEXT, "Failed jobs").click()
     row = browser.find_element(By.CSS_SELECTOR, f'tr.job[data-id="{job.id}"]')
@@ -80,3 +90,22 @@ def test_see_a_failed_job_and_retry_it_in_a_browser(
     assert browser.current_url == f"{live_url}/jobs/{job.id}"
     assert str(job_row(engine, job.id).status) == "pending"
     assert jobs_by_status(engine) == {"pending": 1}
+
+    # A worker runs it; the page, reloaded, says it succeeded.
+    app = JobApp(Job)
+    app.register("send-email", lambda job: None)
+    worker = Worker(app, engine, listen=False, install_signal_handlers=False)
+    try:
+        assert worker.drain(timeout=60) == 1
+    finally:
+        worker.close()
+    browser.refresh()
+    assert browser.find_element(By.ID, "col-status").text == "succeeded"
+    browser.get(f"{live_url}/")
+    assert browser.find_element(By.ID, "count-succeeded").text == "1"
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTEFACTS / "dashboard-overview.png"
+    browser.save_screenshot(str(shot))
+    print(f"screenshot: {shot}")
+    assert shot.stat().st_size > 0
+    assert jobs_by_status(engine) == {"succeeded": 1}

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -39,7 +40,18 @@ def test_the_command_serves_the_dashboard(engine: Engine, database_url: str) -> 
             line = server.stdout.readline()  # printed once the port is bound
             assert line.startswith("sa-outbox dashboard on http://127.0.0.1:"), line
             url = line.split()[3]
-            with urllib.request.urlopen(f"{url}jobs?status=failed", timeout=30) as page:
+            # No token given: the command made one and printed the address that carries it.
+            opener = server.stdout.readline().split()
+            assert opener[0] == "open" and opener[1].startswith(f"{url}?token=")
+            token = opener[1].split("?token=")[1]
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{url}jobs?status=failed", timeout=30)
+            assert refused.value.code == 403
+            refused.value.close()
+            request = urllib.request.Request(
+                f"{url}jobs?status=failed", headers={"Authorization": f"Bearer {token}"}
+            )
+            with urllib.request.urlopen(request, timeout=30) as page:
                 html = page.read().decode()
             assert f'data-id="{job.id}"' in html and "boom" in html
         finally:

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 
+from .._exceptions import InvalidArgument
 from ._common import CommandError, _add_command, _add_database_url, _not_negative_int
 from ._targets import add_job_target, add_outbox_target, database, job_table, outbox_table
 
 _EXAMPLE = """\
 example:
   sa-outbox dashboard --port 8080 --model myapp.models:Job --outbox-model myapp.models:OutboxEvent
-  sa-outbox dashboard --read-only --jobs-table public.jobs
+  SA_OUTBOX_DASHBOARD_TOKEN=... sa-outbox dashboard --read-only --jobs-table public.jobs
 
-Serves on 127.0.0.1 by default and has no login: put it behind your own authentication
-before serving it on another address (docs/dashboard.md). Needs pip install "sa-outbox[dashboard]".
+Every request needs the token: open the printed address (it carries ?token= once, then a
+cookie does), or send "Authorization: Bearer TOKEN". Without --token or
+SA_OUTBOX_DASHBOARD_TOKEN a random token is made and printed. Serves on 127.0.0.1 by
+default (docs/dashboard.md). Needs pip install "sa-outbox[dashboard]".
 """
 
 
@@ -39,6 +44,12 @@ def _add_dashboard(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     parser.add_argument(
         "--read-only", action="store_true", help="show only: no retry or cancel buttons"
     )
+    parser.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="the token every request must carry, 16 characters or more "
+        "(default: $SA_OUTBOX_DASHBOARD_TOKEN, else a random one, printed)",
+    )
     add_job_target(parser)
     add_outbox_target(parser)
     _add_database_url(parser)
@@ -56,16 +67,25 @@ def _dashboard(args: argparse.Namespace) -> int:
         raise CommandError(
             f'the dashboard needs Flask ({exc}): pip install "sa-outbox[dashboard]"'
         ) from None
+    given = args.token or os.environ.get("SA_OUTBOX_DASHBOARD_TOKEN")
+    token = given or secrets.token_urlsafe(24)
     with database(args) as engine:
         with engine.connect() as conn:
             jobs = job_table(args, conn)
             outbox = outbox_table(args, conn, required=False)
-        app = create_app(engine, jobs=jobs, outbox=outbox, read_only=args.read_only)
+        try:
+            app = create_app(
+                engine, jobs=jobs, outbox=outbox, read_only=args.read_only, token=token
+            )
+        except InvalidArgument as exc:
+            raise CommandError(f"--token: {exc}") from None
         server = make_server(args.host, args.port, app, threaded=True)
         try:
             # Printed once the port is bound: a script may wait for this line.
             url = f"http://{args.host}:{server.server_port}/"
             print(f"sa-outbox dashboard on {url} (Ctrl-C stops it)", flush=True)
+            if given is None:  # a token the user gave is not echoed into their logs
+                print(f"open {url}?token={token}", flush=True)
             server.serve_forever()
         finally:
             server.server_close()

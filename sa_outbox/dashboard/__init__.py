@@ -6,16 +6,27 @@ May import: ``sa_outbox.queue`` (`queue_status`, the listings, the retries by ha
 
 Needs the ``dashboard`` extra (``pip install "sa-outbox[dashboard]"``); the rest of the
 library imports without Flask. Mount `dashboard_blueprint` in a Flask app of your own, or
-run `create_app` alone (``sa-outbox dashboard --port 8080``). docs/dashboard.md says how.
+run `create_app` alone (``sa-outbox dashboard --port 8080``, guarded by a token); mounting
+it requires an ``authorize`` callable, so nothing is open by default. docs/dashboard.md
+says how.
 
 Examples:
     app.register_blueprint(
-        dashboard_blueprint(lambda: db.engine, jobs=Job, outbox=OutboxEvent),
+        dashboard_blueprint(lambda: db.engine, jobs=Job, outbox=OutboxEvent,
+                            authorize=lambda: current_user.is_admin),
         url_prefix="/admin/queue",
     )
 """
 
 from ._app import create_app
+from ._auth import TOKEN_COOKIE, TokenGate, allow_anyone
 from ._blueprint import CSRF_COOKIE, dashboard_blueprint
 
-__all__ = ["CSRF_COOKIE", "create_app", "dashboard_blueprint"]
+__all__ = [
+    "CSRF_COOKIE",
+    "TOKEN_COOKIE",
+    "TokenGate",
+    "allow_anyone",
+    "create_app",
+    "dashboard_blueprint",
+]

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from werkzeug.wrappers import Response as BaseResponse
 
 from .. import statements as st
-from .._exceptions import InvalidArgument
+from .._exceptions import InvalidArgument, InvalidArgumentType
 from ..queue import (
     JobQueue,
     JobRow,
@@ -58,8 +58,9 @@ def dashboard_blueprint(
 
     ``engine`` is an `Engine` or a callable returning one (``lambda: db.engine`` with
     Flask-SQLAlchemy, called in the request). ``read_only=True`` hides the buttons and
-    refuses every POST with 403. ``authorize``, when given, is called on every request and
-    a false answer is a 403 (put your login check there). Every action is a POST with a CSRF
+    refuses every POST with 403. ``authorize`` is required: it is called on every request and
+    a false answer is a 403 (put your login check there; `allow_anyone` for a dashboard
+    behind a gate of your own, `TokenGate` for a shared token). Every action is a POST with a CSRF
     token from a cookie of the dashboard's own: the host app needs no ``SECRET_KEY``.
 
     Examples:
@@ -71,17 +72,26 @@ def dashboard_blueprint(
         >>> class Job(JobMixin, Base): __tablename__ = "jobs"
         >>> app = Flask("shop")
         >>> app.register_blueprint(
-        ...     dashboard_blueprint(create_engine("postgresql+psycopg://"), jobs=Job),
+        ...     dashboard_blueprint(create_engine("postgresql+psycopg://"), jobs=Job,
+        ...                         authorize=lambda: True),  # your login check here
         ...     url_prefix="/admin/queue")
         >>> sorted(r.rule for r in app.url_map.iter_rules() if "retry" in r.rule)[0]
         '/admin/queue/jobs/<job_id>/retry'
     """
+    if authorize is None:
+        raise InvalidArgument(
+            "dashboard_blueprint needs authorize=: a callable returning True when the current "
+            "request may see the dashboard (your login check), or "
+            "sa_outbox.dashboard.allow_anyone for a dashboard behind a gate of your own"
+        )
+    if not callable(authorize):
+        raise InvalidArgumentType(f"authorize must be a callable, got {authorize!r}")
     bp = Blueprint(name, __name__, template_folder="templates")
     get_engine: Callable[[], Engine] = engine if callable(engine) else (lambda: engine)
 
     @bp.before_request
     def _guard() -> Response | None:
-        if authorize is not None and not authorize():
+        if not authorize():
             return _page("not authorised to see this dashboard", 403)
         if request.method == "POST":
             if read_only:
