@@ -48,6 +48,7 @@ from .maintenance import (
     table_health,
 )
 from .queue import (
+    AsyncInbox,
     AsyncJobQueue,
     AsyncOutbox,
     AsyncQueueControl,
@@ -58,6 +59,7 @@ from .queue import (
     ConnectedWorker,
     EnqueueResult,
     EventRow,
+    Inbox,
     JobCount,
     JobQueue,
     JobRow,
@@ -93,6 +95,8 @@ from .relay import (
     RelayReport,
 )
 from .schema import (
+    InboxDataclassMixin,
+    InboxMixin,
     JobDataclassMixin,
     JobMixin,
     JobStatus,
@@ -131,6 +135,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "ALL_KINDS",
+    "AsyncInbox",
     "AsyncJobQueue",
     "AsyncOutbox",
     "AsyncPruner",
@@ -156,6 +161,9 @@ __all__ = [
     "EventsRejected",
     "FakeClock",
     "HealthReport",
+    "Inbox",
+    "InboxDataclassMixin",
+    "InboxMixin",
     "InvalidArgument",
     "InvalidArgumentType",
     "InvalidPayload",

@@ -33,10 +33,13 @@ MAX_NAME_LENGTH = 128
 MAX_DEDUPLICATION_KEY_LENGTH = 512
 #: Most characters of an aggregate id (as stored: ``str(aggregate_id)``).
 MAX_AGGREGATE_ID_LENGTH = 512
+#: Most characters of a message id an inbox records (its source is a name: 128 at most).
+MAX_MESSAGE_ID_LENGTH = 512
 # A btree index entry must fit in about 2,704 bytes (a third of an 8 kB page). A character is
-# at most 4 bytes of UTF-8, so the widest entries, (kind, deduplication_key) and
-# (aggregate_type, aggregate_id, seq), take at most 4 * (128 + 512) = 2,560 bytes, plus a
-# few bytes of headers: they always fit, whatever the characters.
+# at most 4 bytes of UTF-8, so the widest entries, (kind, deduplication_key),
+# (aggregate_type, aggregate_id, seq) and an inbox's (source, message_id), take at most
+# 4 * (128 + 512) = 2,560 bytes, plus a few bytes of headers: they always fit, whatever the
+# characters.
 
 
 def identifier(value: object, what: str) -> str:

@@ -28,26 +28,31 @@ from ._common import (
 def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "prune",
-        help="delete finished jobs (and published events) older than a window, in batches",
+        help="delete finished jobs, published events and old inbox entries, in batches",
         description=(
             "Delete succeeded jobs older than --older-than, failed jobs older than "
             "--failed-older-than and cancelled jobs older than --cancelled (both default to "
-            "--older-than), and with --outbox published events "
-            "older than --outbox-older-than (default: the same), --batch rows per short "
+            "--older-than), with --outbox published events "
+            "older than --outbox-older-than (default: the same), and with --inbox inbox "
+            "entries received longer ago than --inbox-older-than (required with it: keep "
+            "them longer than any redelivery can come), --batch rows per short "
             "transaction, until nothing is left. Pending and running jobs, unpublished and "
             "parked events are never touched. If another pruner holds a table's lock, that "
-            "table is skipped. Durations: 7d, 12h, 30m, 90s, 2w."
+            "table is skipped. TARGET may be left out when --outbox or --inbox is given. "
+            "Durations: 7d, 12h, 30m, 90s, 2w."
         ),
     )
     parser.add_argument(
-        "target", metavar="TARGET", help="the job model (or its JobApp), as module:attribute"
+        "target",
+        metavar="TARGET",
+        nargs="?",
+        help="the job model (or its JobApp), as module:attribute",
     )
     parser.add_argument(
         "--older-than",
         metavar="DURATION",
         type=parse_duration,
-        required=True,
-        help="prune succeeded jobs finished longer ago than this",
+        help="prune succeeded jobs finished longer ago than this (required with TARGET)",
     )
     parser.add_argument(
         "--failed-older-than",
@@ -75,6 +80,15 @@ def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="prune events published longer ago than this (default: --older-than)",
     )
     parser.add_argument(
+        "--inbox", metavar="TARGET", help="also prune this inbox model's (InboxMixin) entries"
+    )
+    parser.add_argument(
+        "--inbox-older-than",
+        metavar="DURATION",
+        type=parse_duration,
+        help="prune inbox entries received longer ago than this (required with --inbox)",
+    )
+    parser.add_argument(
         "--batch",
         metavar="N",
         type=_positive_int,
@@ -89,23 +103,43 @@ def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="print progress every N batches (default: %(default)s)",
     )
     _add_database_url(parser)
-    parser.set_defaults(handler=_prune)
+    parser.set_defaults(handler=_prune, usage_error=parser.error)
 
 
 def _format_prune(report: PruneReport) -> str:
     text = (
         f"pruned {report.succeeded} succeeded, {report.failed} failed and "
         f"{report.cancelled} cancelled jobs, "
-        f"{report.published} published events in {report.batches} batches"
+        f"{report.published} published events"
     )
+    if report.inbox:
+        text += f", {report.inbox} inbox entries"
+    text += f" in {report.batches} batches"
     if report.skipped:
         text += f"; skipped (another pruner holds the lock): {', '.join(report.skipped)}"
     return text
 
 
+def _check_prune_usage(args: argparse.Namespace) -> None:
+    """What argparse alone cannot say: which windows each table needs (before any import)."""
+    if args.target is None and args.outbox is None and args.inbox is None:
+        args.usage_error("give what to prune: TARGET (a job model), --outbox or --inbox")
+    if args.target is not None and args.older_than is None:
+        args.usage_error("the following arguments are required with TARGET: --older-than")
+    if args.outbox is not None and (args.outbox_older_than or args.older_than) is None:
+        args.usage_error("--outbox needs --outbox-older-than (or --older-than)")
+    if args.inbox is not None and args.inbox_older_than is None:
+        args.usage_error(
+            "--inbox needs --inbox-older-than: keep entries longer than any redelivery "
+            "can come (docs/inbox.md)"
+        )
+
+
 def _prune(args: argparse.Namespace) -> int:
-    jobs = load_table(args.target)
+    _check_prune_usage(args)
+    jobs = None if args.target is None else load_table(args.target)
     outbox = None if args.outbox is None else load_table(args.outbox)
+    inbox = None if args.inbox is None else load_table(args.inbox)
     failed = None if args.keep_failed else (args.failed_older_than or args.older_than)
     cancelled = None if args.keep_cancelled else (args.cancelled_older_than or args.older_than)
     try:
@@ -114,6 +148,7 @@ def _prune(args: argparse.Namespace) -> int:
             failed=failed,
             cancelled=cancelled,
             published=args.outbox_older_than or args.older_than,
+            inbox=args.inbox_older_than,
             batch=args.batch,
         )
     except SaOutboxError as exc:
@@ -125,7 +160,14 @@ def _prune(args: argparse.Namespace) -> int:
 
     url, engine = _connect(args)
     try:
-        pruner = Pruner(engine, jobs=jobs, outbox=outbox, retention=retention, progress=progress)
+        pruner = Pruner(
+            engine,
+            jobs=jobs,
+            outbox=outbox,
+            inbox=inbox,
+            retention=retention,
+            progress=progress,
+        )
         print(_format_prune(pruner.run_once()))
     except DBAPIError as exc:
         raise _database_error(url, exc) from exc

@@ -164,7 +164,9 @@ def _reflect(conn: Connection, value: str, kind: str, needed: frozenset[str]) ->
 
 
 def _a(kind: str) -> str:
-    return {"outbox": "an outbox", "pause": "a paused-queues"}.get(kind, "a job")
+    return {"outbox": "an outbox", "pause": "a paused-queues", "inbox": "an inbox"}.get(
+        kind, "a job"
+    )
 
 
 def _model(target: str, kind: str, option: str) -> Table:

@@ -1,11 +1,14 @@
-"""Batched retention: `Pruner` and `AsyncPruner` delete finished jobs and published events.
+"""Batched retention: `Pruner` and `AsyncPruner` delete finished jobs, published events and old
+inbox entries.
 
 Each batch is one short transaction that first tries the table's transaction-level advisory
 lock (`sa_outbox.statements.prune_lock`) and then deletes at most ``batch`` rows picked with
-``FOR UPDATE SKIP LOCKED`` (`sa_outbox.statements.prune_jobs` / ``prune_events``). A pruner
-that finds the lock taken stops its round for that table (another process is pruning it), so
-however many workers run a pruner, only one DELETE runs on a table at a time. Pending and
-running jobs, unpublished and parked events are never candidates.
+``FOR UPDATE SKIP LOCKED`` (`sa_outbox.statements.prune_jobs` / ``prune_events`` /
+``prune_inbox``). A pruner that finds the lock taken stops its round for that table (another
+process is pruning it), so however many workers run a pruner, only one DELETE runs on a
+table at a time. Pending and
+running jobs, unpublished and parked events are never candidates. An inbox entry is a
+candidate once it is older than ``Retention.inbox``, whatever it recorded.
 
 Examples:
     pruner = Pruner(engine, jobs=Job, outbox=OutboxEvent,
@@ -27,6 +30,7 @@ from .._clock import Clock
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import count, duration
 from ..schema import JobStatus, resolve_table
+from ..statements._inbox import inbox_table
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -44,8 +48,10 @@ class Retention:
 
     ``succeeded`` / ``failed`` / ``cancelled`` count from a job's last update (when it
     finished),
-    ``published`` from an event's ``published_at``. ``batch`` rows are deleted per
-    transaction; ``interval`` is how often a `Worker` given this policy prunes.
+    ``published`` from an event's ``published_at``, ``inbox`` from an inbox entry's
+    ``received_at`` (keep those longer than any redelivery can come: docs/inbox.md).
+    ``batch`` rows are deleted per transaction; ``interval`` is how often a `Worker` given
+    this policy prunes.
 
     Examples:
         >>> Retention(succeeded=3600, failed=None).succeeded
@@ -58,9 +64,10 @@ class Retention:
     published: dt.timedelta | float | None = 7 * DAY
     batch: int = 1000
     interval: dt.timedelta | float = dt.timedelta(hours=1)
+    inbox: dt.timedelta | float | None = 14 * DAY
 
     def __post_init__(self) -> None:
-        for name in ("succeeded", "failed", "cancelled", "published"):
+        for name in ("succeeded", "failed", "cancelled", "published", "inbox"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, duration(value, name, allow_zero=True))
@@ -68,7 +75,8 @@ class Retention:
         object.__setattr__(self, "interval", duration(self.interval, "interval"))
 
     def window(self, name: str) -> dt.timedelta | None:
-        """The window of ``"succeeded"``, ``"failed"``, ``"cancelled"`` or ``"published"``.
+        """The window of ``"succeeded"``, ``"failed"``, ``"cancelled"``, ``"published"`` or
+        ``"inbox"``.
 
         Examples:
             >>> Retention(published=60).window("published")
@@ -97,11 +105,12 @@ class PruneReport:
     published: int = 0
     batches: int = 0
     skipped: list[str] = dataclasses.field(default_factory=list)
+    inbox: int = 0
 
     @property
     def deleted(self) -> int:
-        """All rows deleted, jobs and events."""
-        return self.succeeded + self.failed + self.cancelled + self.published
+        """All rows deleted: jobs, events and inbox entries."""
+        return self.succeeded + self.failed + self.cancelled + self.published + self.inbox
 
 
 #: Called after every committed batch with the table, what it pruned and the report so far.
@@ -111,7 +120,7 @@ Progress = Callable[[str, str, int, PruneReport], None]
 @dataclasses.dataclass(frozen=True)
 class _Task:
     table: str
-    what: str  # "succeeded", "failed", "cancelled" or "published"
+    what: str  # "succeeded", "failed", "cancelled", "published" or "inbox"
     lock: Executable
     delete: Callable[[], Executable]  # built per batch: a FakeClock's "now" is read then
 
@@ -125,9 +134,12 @@ class _Base:
         retention: Retention | None,
         clock: Clock | None,
         progress: Progress | None,
+        inbox: object | None = None,
     ) -> None:
-        if jobs is None and outbox is None:
-            raise InvalidArgument("a pruner needs a job model (jobs=) or an outbox (outbox=)")
+        if jobs is None and outbox is None and inbox is None:
+            raise InvalidArgument(
+                "a pruner needs a job model (jobs=), an outbox (outbox=) or an inbox (inbox=)"
+            )
         retention = Retention() if retention is None else retention
         if not isinstance(retention, Retention):
             raise InvalidArgumentType(
@@ -135,6 +147,7 @@ class _Base:
             )
         self.jobs = None if jobs is None else resolve_table(jobs)
         self.outbox = None if outbox is None else resolve_table(outbox)
+        self.inbox = None if inbox is None else inbox_table(inbox)
         self.retention = retention
         self.clock = clock
         self.progress = progress
@@ -161,6 +174,12 @@ class _Base:
                 st.prune_events, self.outbox, older_than=window, batch=r.batch, clock=self.clock
             )
             yield _Task(self.outbox.fullname, "published", st.prune_lock(self.outbox), delete)
+        window = r.window("inbox")
+        if self.inbox is not None and window is not None:
+            delete = functools.partial(
+                st.prune_inbox, self.inbox, older_than=window, batch=r.batch, clock=self.clock
+            )
+            yield _Task(self.inbox.fullname, "inbox", st.prune_lock(self.inbox), delete)
 
     def _record(self, report: PruneReport, task: _Task, deleted: int) -> None:
         setattr(report, task.what, getattr(report, task.what) + deleted)
@@ -170,15 +189,19 @@ class _Base:
 
 
 class Pruner(_Base):
-    """Prune finished jobs and published events in small transactions, one pruner at a time.
+    """Prune finished jobs, published events and old inbox entries in small transactions,
+    one pruner per table at a time.
 
     `run_once` deletes batch after batch until one deletes fewer than ``retention.batch``
-    rows, for each of succeeded, failed and cancelled jobs and published events whose window is not
-    ``None``. ``progress(table, what, deleted, report)`` is called after every batch.
+    rows, for each of succeeded, failed and cancelled jobs, published events and inbox
+    entries whose window is not ``None``. ``progress(table, what, deleted, report)`` is
+    called after every batch. Give any of ``jobs``, ``outbox`` and ``inbox`` (an
+    `InboxMixin` model).
 
     Examples:
         pruner = Pruner(engine, jobs=Job, retention=Retention(succeeded=86400, failed=None))
         report = pruner.run_once()   # PruneReport(succeeded=..., batches=...)
+        Pruner(engine, inbox=InboxEntry, retention=Retention(inbox=14 * 86400)).run_once()
     """
 
     def __init__(
@@ -190,9 +213,15 @@ class Pruner(_Base):
         retention: Retention | None = None,
         clock: Clock | None = None,
         progress: Progress | None = None,
+        inbox: object | None = None,
     ) -> None:
         super().__init__(
-            jobs=jobs, outbox=outbox, retention=retention, clock=clock, progress=progress
+            jobs=jobs,
+            outbox=outbox,
+            retention=retention,
+            clock=clock,
+            progress=progress,
+            inbox=inbox,
         )
         self.engine = engine
 
@@ -218,7 +247,7 @@ class AsyncPruner(_Base):
     """`Pruner` for asyncio, on an `AsyncEngine`.
 
     Examples:
-        pruner = AsyncPruner(async_engine, jobs=Job, outbox=OutboxEvent)
+        pruner = AsyncPruner(async_engine, jobs=Job, outbox=OutboxEvent, inbox=InboxEntry)
         report = await pruner.run_once()
     """
 
@@ -231,9 +260,15 @@ class AsyncPruner(_Base):
         retention: Retention | None = None,
         clock: Clock | None = None,
         progress: Progress | None = None,
+        inbox: object | None = None,
     ) -> None:
         super().__init__(
-            jobs=jobs, outbox=outbox, retention=retention, clock=clock, progress=progress
+            jobs=jobs,
+            outbox=outbox,
+            retention=retention,
+            clock=clock,
+            progress=progress,
+            inbox=inbox,
         )
         self.engine = engine
 

@@ -8,6 +8,7 @@ the runtimes (worker, relay, maintenance) nor the integrations, which build on t
   their asyncio twins);
 - ``_job_queue``: `JobQueue` / `AsyncJobQueue`; ``_outbox``: `Outbox` / `AsyncOutbox`;
 - ``_control``: `QueueControl` / `AsyncQueueControl`, pausing and resuming queues;
+- ``_inbox``: `Inbox` / `AsyncInbox`, a consumer's de-duplication in its own transaction;
 - ``_copy``: bulk enqueue through ``COPY``; ``_results``: the typed result records;
 - ``_inspect``: `queue_status`, listings of jobs and events, `queue_depths`, and the
   retries by hand (`retry_failed`, `retry_parked`) the CLI and a dashboard share.
@@ -22,6 +23,7 @@ Examples:
 """
 
 from ._control import AsyncQueueControl, PausedQueue, QueueControl
+from ._inbox import AsyncInbox, Inbox
 from ._inspect import (
     ConnectedWorker,
     EventRow,
@@ -59,6 +61,7 @@ from ._results import (
 )
 
 __all__ = [
+    "AsyncInbox",
     "AsyncJobQueue",
     "AsyncOutbox",
     "AsyncQueueControl",
@@ -69,6 +72,7 @@ __all__ = [
     "ConnectedWorker",
     "EnqueueResult",
     "EventRow",
+    "Inbox",
     "JobCount",
     "JobQueue",
     "JobRow",

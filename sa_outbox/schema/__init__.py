@@ -1,4 +1,4 @@
-"""Layer 1, schema: the job and outbox tables, as mixins for the user's own declarative base.
+"""Layer 1, schema: the job, outbox and inbox tables, as mixins for the user's declarative base.
 
 May import: the foundation modules at the package root (``sa_outbox._exceptions``,
 ``_validation``, ``_clock``, …) and SQLAlchemy. Nothing above it: the statement builder,
@@ -22,6 +22,8 @@ What lives here:
 - the DDL that ``create_all`` and the Alembic operations share: ``_notify_trigger``,
   ``_outbox_triggers``, ``_partition_ddl``, ``_storage``;
 - ``_queue_pause``: `QueuePauseMixin`, the table of paused queues;
+- `InboxMixin` / `InboxDataclassMixin` (in ``_mixins``): a consumer's table of the messages
+  it handled, keyed by ``(source, message_id)``;
 - ``_event_types``: what makes a subclass of an outbox model a domain event class.
 
 Examples:
@@ -38,8 +40,16 @@ Examples:
      'jobs_ready_order_idx', 'jobs_retention_idx']
 """
 
-from ._columns import job_table_args, outbox_table_args
-from ._mixins import JobDataclassMixin, JobMixin, OutboxDataclassMixin, OutboxMixin, resolve_table
+from ._columns import inbox_table_args, job_table_args, outbox_table_args
+from ._mixins import (
+    InboxDataclassMixin,
+    InboxMixin,
+    JobDataclassMixin,
+    JobMixin,
+    OutboxDataclassMixin,
+    OutboxMixin,
+    resolve_table,
+)
 from ._partition_ddl import PARTITION_INFO_KEY, PARTITION_INTERVALS
 from ._queue_pause import QueuePauseMixin
 from ._status import JOB_STATUS_TYPE_NAME, TABLE_KIND_INFO_KEY, JobStatus, job_status_enum
@@ -53,12 +63,15 @@ __all__ = [
     "RECOMMENDED_OUTBOX_STORAGE",
     "STORAGE_INFO_KEY",
     "TABLE_KIND_INFO_KEY",
+    "InboxDataclassMixin",
+    "InboxMixin",
     "JobDataclassMixin",
     "JobMixin",
     "JobStatus",
     "OutboxDataclassMixin",
     "OutboxMixin",
     "QueuePauseMixin",
+    "inbox_table_args",
     "job_status_enum",
     "job_table_args",
     "outbox_table_args",

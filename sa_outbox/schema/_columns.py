@@ -1,4 +1,4 @@
-"""The job and outbox tables' columns and indexes (article, sections 3, 4 and 5)."""
+"""The job, outbox and inbox tables' columns and indexes (article, sections 3, 4 and 5)."""
 
 from __future__ import annotations
 
@@ -87,6 +87,14 @@ _OUTBOX_COLUMNS: dict[str, _Spec] = {
     "parked_at": (lambda: DateTime(timezone=True), {}, {"default": None}),
     "last_error": (Text, {}, {"default": None}),
     "created_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
+}
+
+
+# The consumer's inbox: one row per message handled, keyed by its producer and its id.
+_INBOX_COLUMNS: dict[str, _Spec] = {
+    "source": (Text, {"primary_key": True}, {}),
+    "message_id": (Text, {"primary_key": True}, {}),
+    "received_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
 }
 
 
@@ -262,3 +270,18 @@ def outbox_table_args(table_name: str, *, partitioned: bool = False) -> tuple[In
             postgresql_where=text("published_at IS NOT NULL"),
         ),
     )
+
+
+def inbox_table_args(table_name: str) -> tuple[Index, ...]:
+    """The indexes of an inbox table named ``table_name`` (besides its primary key).
+
+    The primary key ``(source, message_id)`` is what makes a second delivery of a message
+    insert nothing. ``{t}_retention_idx`` on ``received_at`` serves pruning: the oldest
+    entries first, without reading the rest of the table.
+
+    Examples:
+        >>> [i.name for i in inbox_table_args("inbox")]
+        ['inbox_retention_idx']
+    """
+    t = identifier(table_name, "inbox table name")
+    return (Index(_index_name(t, "retention_idx"), "received_at"),)

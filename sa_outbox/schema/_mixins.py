@@ -1,4 +1,5 @@
-"""`JobMixin` / `OutboxMixin` (and their dataclass variants) for the user's own base."""
+"""`JobMixin` / `OutboxMixin` / `InboxMixin` (and their dataclass variants) for the user's own
+base."""
 
 from __future__ import annotations
 
@@ -15,20 +16,23 @@ from sqlalchemy.orm import Mapped, MappedAsDataclass, declared_attr
 
 from .._exceptions import InvalidArgumentType
 from ._columns import (
+    _INBOX_COLUMNS,
     _JOB_COLUMNS,
     _OUTBOX_COLUMNS,
     _column,
     _inherits_a_table,
+    _schema_args,
     _Spec,
     _table_name,
     _table_options,
+    inbox_table_args,
     job_table_args,
     outbox_table_args,
 )
 from ._event_types import prepare_event_class
 from ._notify_trigger import NotifyTrigger
 from ._outbox_triggers import OutboxTriggers
-from ._status import JobStatus
+from ._status import TABLE_KIND_INFO_KEY, JobStatus
 from ._storage import RECOMMENDED_JOB_STORAGE, RECOMMENDED_OUTBOX_STORAGE
 
 _C = TypeVar("_C")
@@ -150,6 +154,38 @@ class OutboxMixin:
         )
 
 
+class InboxMixin:
+    """The consumer's inbox: one row per message handled, for a plain declarative base.
+
+    The primary key ``(source, message_id)`` de-duplicates: a message id is unique per
+    producer (``source``: the name you give the producer, such as ``"orders"``), and
+    ``received_at`` is when the message was first accepted, which retention counts from.
+    A plain table: no enum, no trigger, no partitions. `sa_outbox.Inbox` records a message
+    in the consumer's own transaction; ``alembic_ext``'s ``op.create_inbox`` creates it.
+
+    Examples:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase):
+        ...     pass
+        >>> class InboxEntry(InboxMixin, Base):
+        ...     __tablename__ = "inbox"
+        >>> [c.name for c in InboxEntry.__table__.primary_key.columns]
+        ['source', 'message_id']
+    """
+
+    #: The schema of the table; ``None`` takes the metadata's default schema.
+    __table_schema__: ClassVar[str | None] = None
+
+    source: Mapped[str] = _column(_INBOX_COLUMNS, "source")
+    message_id: Mapped[str] = _column(_INBOX_COLUMNS, "message_id")
+    received_at: Mapped[dt.datetime] = _column(_INBOX_COLUMNS, "received_at")
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[Any, ...]:
+        options = {**_schema_args(cls), "info": {TABLE_KIND_INFO_KEY: "inbox"}}
+        return (*inbox_table_args(_table_name(cls)), options)
+
+
 _CLASS_SETTINGS = frozenset(
     {"__table_schema__", "__allow_unmapped__", "__partition_interval__", "__table_storage__"}
 )
@@ -213,6 +249,23 @@ OutboxDataclassMixin = _dataclass_variant(
 )
 
 
+InboxDataclassMixin = _dataclass_variant(
+    InboxMixin,
+    _INBOX_COLUMNS,
+    """`InboxMixin` for a ``MappedAsDataclass`` base.
+
+    Examples:
+        >>> from sqlalchemy.orm import DeclarativeBase, MappedAsDataclass
+        >>> class Base(MappedAsDataclass, DeclarativeBase):
+        ...     pass
+        >>> class InboxEntry(InboxDataclassMixin, Base):
+        ...     __tablename__ = "inbox"
+        >>> InboxEntry(source="orders", message_id="0190").message_id
+        '0190'
+    """,
+)
+
+
 def resolve_table(target: object) -> Table:
     """The `Table` behind a mapped class, an ORM entity or a `Table` itself.
 
@@ -235,5 +288,5 @@ def resolve_table(target: object) -> Table:
     if isinstance(local, Table):
         return local
     raise InvalidArgumentType(
-        f"expected a Table or a mapped class using JobMixin/OutboxMixin, got {target!r}"
+        f"expected a Table or a mapped class using JobMixin/OutboxMixin/InboxMixin, got {target!r}"
     )

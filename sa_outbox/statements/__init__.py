@@ -5,7 +5,8 @@ by concern: ``_job_enqueue``, ``_job_claim`` (claim, heartbeat, complete), ``_jo
 (retry, fail, snooze, release, reclaim, requeue, retry by hand, prune), ``_job_cancel``,
 ``_job_notify``, ``_queue_pause`` (paused queues); ``_inspect`` (the read-only queries of
 status, listings and queues); ``_outbox_append``, ``_outbox_claim``, ``_outbox_settle``;
-``_maintenance`` and ``_partitions`` (upkeep).
+``_inbox`` (a consumer's inbox: accept a message once, prune); ``_maintenance`` and
+``_partitions`` (upkeep).
 
 No I/O, no sessions, no globals: each function validates its arguments (raising
 `InvalidArgument` / `InvalidArgumentType` before any SQL exists), and returns a statement
@@ -27,9 +28,11 @@ from .._json import compact_json
 from .._validation import (
     MAX_AGGREGATE_ID_LENGTH,
     MAX_DEDUPLICATION_KEY_LENGTH,
+    MAX_MESSAGE_ID_LENGTH,
     MAX_NAME_LENGTH,
 )
 from ._common import DEFAULT_MAX_PAYLOAD_BYTES
+from ._inbox import accept_message, prune_inbox
 from ._inspect import (
     WORKER_APPLICATION_PREFIX,
     connected_workers,
@@ -151,6 +154,7 @@ __all__ = [
     "ENQUEUE_PARAMETERS",
     "MAX_AGGREGATE_ID_LENGTH",
     "MAX_DEDUPLICATION_KEY_LENGTH",
+    "MAX_MESSAGE_ID_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_PAYLOAD_DEPTH",
     "PARTITION_LOCK_PREFIX",
@@ -158,6 +162,7 @@ __all__ = [
     "WORKER_APPLICATION_PREFIX",
     "NewEvent",
     "NewJob",
+    "accept_message",
     "append_event",
     "append_events",
     "attach_partition",
@@ -212,6 +217,7 @@ __all__ = [
     "pause_queue",
     "precompiled",
     "prune_events",
+    "prune_inbox",
     "prune_jobs",
     "prune_lock",
     "queue_throughput",
