@@ -1,14 +1,14 @@
 """sa-outbox for Alembic: operations for the library's tables, and an autogenerate hook.
 
 One line in ``env.py`` sets it up (it registers ``op.create_job_queue``,
-``op.drop_job_queue``, ``op.create_outbox``, ``op.drop_outbox``, ``op.set_table_storage``,
-``op.add_job_status_values``,
+``op.drop_job_queue``, ``op.create_outbox``, ``op.drop_outbox``, ``op.create_inbox``,
+``op.drop_inbox``, ``op.set_table_storage``, ``op.add_job_status_values``,
 their renderers and the autogenerate hook)::
 
     import alembic_ext  # noqa: F401
 
 ``alembic revision --autogenerate`` then writes, for models that use `JobMixin` and
-`OutboxMixin`::
+`OutboxMixin` (and ``op.create_inbox('inbox')`` for one that uses `InboxMixin`)::
 
     def upgrade() -> None:
         op.create_job_queue('jobs')
@@ -31,15 +31,19 @@ from . import autogenerate as autogenerate
 from . import render as render
 from .operations import (
     AddJobStatusValuesOp,
+    CreateInboxOp,
     CreateJobQueueOp,
     CreateOutboxOp,
+    DropInboxOp,
     DropJobQueueOp,
     DropOutboxOp,
     SetTableStorageOp,
     SupportsInvoke,
     add_job_status_values,
+    create_inbox,
     create_job_queue,
     create_outbox,
+    drop_inbox,
     drop_job_queue,
     drop_outbox,
     set_table_storage,
@@ -47,15 +51,19 @@ from .operations import (
 
 __all__ = [
     "AddJobStatusValuesOp",
+    "CreateInboxOp",
     "CreateJobQueueOp",
     "CreateOutboxOp",
+    "DropInboxOp",
     "DropJobQueueOp",
     "DropOutboxOp",
     "SetTableStorageOp",
     "SupportsInvoke",
     "add_job_status_values",
+    "create_inbox",
     "create_job_queue",
     "create_outbox",
+    "drop_inbox",
     "drop_job_queue",
     "drop_outbox",
     "set_table_storage",

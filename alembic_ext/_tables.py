@@ -1,8 +1,8 @@
 """The library's tables as migrations see them: built from the mixins, recognised by shape.
 
 Nothing here re-declares a column: `build_table` maps a throwaway class on `JobMixin` /
-`OutboxMixin` in a private registry (and MetaData), so operations create exactly what the
-user's models declare.
+`OutboxMixin` / `InboxMixin` in a private registry (and MetaData), so operations create
+exactly what the user's models declare.
 """
 
 from __future__ import annotations
@@ -21,18 +21,24 @@ from sa_outbox.schema import (
     RECOMMENDED_JOB_STORAGE,
     RECOMMENDED_OUTBOX_STORAGE,
     TABLE_KIND_INFO_KEY,
+    InboxMixin,
     JobMixin,
     OutboxMixin,
     resolve_table,
 )
 from sa_outbox.schema._partition_ddl import PartitionInterval
 
-TableKind = Literal["job", "outbox"]
-KINDS: tuple[TableKind, ...] = ("job", "outbox")
-_MIXINS: dict[TableKind, type] = {"job": JobMixin, "outbox": OutboxMixin}
-_WHAT: dict[TableKind, str] = {"job": "job table name", "outbox": "outbox table name"}
+TableKind = Literal["job", "outbox", "inbox"]
+KINDS: tuple[TableKind, ...] = ("job", "outbox", "inbox")
+_MIXINS: dict[TableKind, type] = {"job": JobMixin, "outbox": OutboxMixin, "inbox": InboxMixin}
+_WHAT: dict[TableKind, str] = {
+    "job": "job table name",
+    "outbox": "outbox table name",
+    "inbox": "inbox table name",
+}
 StorageSettings = Mapping[str, int | float | bool]
-#: The storage settings each kind of table gets when none are given.
+#: The storage settings each kind of table gets when none are given (an inbox takes none:
+#: it is neither partitioned nor given storage settings).
 RECOMMENDED_STORAGE: dict[TableKind, StorageSettings] = {
     "job": RECOMMENDED_JOB_STORAGE,
     "outbox": RECOMMENDED_OUTBOX_STORAGE,
@@ -47,10 +53,11 @@ def build_table(
     partition_interval: PartitionInterval | None = None,
     storage: StorageSettings | Literal["recommended"] | None = "recommended",
 ) -> Table:
-    """The table `JobMixin` / `OutboxMixin` declares, on a MetaData of its own.
+    """The table `JobMixin` / `OutboxMixin` / `InboxMixin` declares, on a MetaData of its own.
 
     ``partition_interval`` and ``storage`` are the model's ``__partition_interval__`` and
-    ``__table_storage__`` (``"recommended"``: the mixin's default).
+    ``__table_storage__`` (``"recommended"``: the mixin's default); `InboxMixin` has
+    neither, so an inbox table ignores them.
 
     Its ``job_status`` column type has ``create_type=False`` (SQLAlchemy 2.1 would otherwise
     emit ``CREATE TYPE`` from the table's ``before_create`` event). The operations create the
@@ -97,7 +104,8 @@ def index_names(kind: TableKind, table_name: str) -> frozenset[str]:
 
 
 def table_kind(table: Table) -> TableKind | None:
-    """``"job"`` or ``"outbox"`` for a table declared with the mixins, else ``None``.
+    """``"job"``, ``"outbox"`` or ``"inbox"`` for a table declared with the mixins, else
+    ``None``.
 
     The mixins mark their tables in ``Table.info``; a table without the mark (its
     ``__table_args__`` replaced, or reflected from the database) is recognised by its columns.

@@ -7,13 +7,14 @@ registered later, Alembic 1.18+ because it is registered with the ``LAST`` prior
 works whatever ``autogenerate_plugins`` says, so ``import alembic_ext`` in ``env.py`` is the
 whole setup. It edits the operations Alembic produced:
 
-- a new table declared with `JobMixin` / `OutboxMixin` (marked in ``Table.info``): its
-  ``create_table`` and the ``create_index`` of the library's indexes become one
-  ``create_job_queue`` / ``create_outbox``; columns and indexes the model adds stay
+- a new table declared with `JobMixin` / `OutboxMixin` / `InboxMixin` (marked in
+  ``Table.info``): its ``create_table`` and the ``create_index`` of the library's indexes
+  become one ``create_job_queue`` / ``create_outbox`` / ``create_inbox``; columns and
+  indexes the model adds stay
   ``add_column`` / ``create_index`` operations after it. A model that changes a library
   column or index, or adds constraints, keeps Alembic's own operations (with a warning);
 - a table removed from the models whose columns are exactly the library's: ``drop_table``
-  and the index drops become ``drop_job_queue`` / ``drop_outbox``;
+  and the index drops become ``drop_job_queue`` / ``drop_outbox`` / ``drop_inbox``;
 - an existing table of the library: a partial index whose ``WHERE`` differs from the model is
   dropped and created again (Alembic does not compare index predicates), and storage
   settings (``__table_storage__``) that differ from ``pg_class.reloptions`` (of the default
@@ -55,8 +56,10 @@ from sa_outbox.schema._storage import (
 
 from ._tables import TableKind, build_table, kind_from_columns, table_kind
 from .operations import (
+    CreateInboxOp,
     CreateJobQueueOp,
     CreateOutboxOp,
+    DropInboxOp,
     DropJobQueueOp,
     DropOutboxOp,
     SetTableStorageOp,
@@ -71,7 +74,22 @@ _Key = tuple[str | None, str]
 _KeyFunction = Callable[[str | None, str], _Key]
 _CREATE = {"job": CreateJobQueueOp, "outbox": CreateOutboxOp}
 _DROP = {"job": DropJobQueueOp, "outbox": DropOutboxOp}
-_MIXIN = {"job": "JobMixin", "outbox": "OutboxMixin"}
+_MIXIN = {"job": "JobMixin", "outbox": "OutboxMixin", "inbox": "InboxMixin"}
+
+
+def _table_operation(
+    kind: TableKind,
+    create: bool,
+    name: str,
+    schema: str | None,
+    interval: PartitionInterval | None,
+    storage: StorageArgument,
+) -> MigrateOperation:
+    """The library's operation that creates (or drops) a ``kind`` table."""
+    if kind == "inbox":  # neither partitioned nor given storage settings
+        return (CreateInboxOp if create else DropInboxOp)(name, schema=schema)
+    operation = (_CREATE if create else _DROP)[kind]
+    return operation(name, schema=schema, partition_interval=interval, storage=storage)
 
 
 @dataclass
@@ -190,9 +208,7 @@ def _rewrite_create(model: Table, dialect: Dialect) -> _Rewrite | None:
         )
         return None
     return _Rewrite(
-        operation=_CREATE[kind](
-            model.name, schema=model.schema, partition_interval=interval, storage=storage
-        ),
+        operation=_table_operation(kind, True, model.name, model.schema, interval, storage),
         library_indexes=frozenset(str(index.name) for index in library.indexes),
         extra_columns=[column for column in model.columns if column.name not in library.c],
     )
@@ -238,7 +254,7 @@ def _rewrite_drop(
     # What the table is in the database, so that the downgrade creates it the same way.
     interval, storage = _found_layout(autogen_context, name, schema)
     return _Rewrite(
-        operation=_DROP[kind](name, schema=schema, partition_interval=interval, storage=storage),
+        operation=_table_operation(kind, False, name, schema, interval, storage),
         library_indexes=frozenset(str(index.name) for index in library.indexes),
     )
 

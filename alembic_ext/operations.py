@@ -16,7 +16,9 @@ is the same offline), and on a job table the dedup trigger. ``storage`` is the t
 storage settings (``__table_storage__``; by default the mixin's recommended ones, ``None``
 for the server's), applied to the table or, when partitioned, to each partition.
 ``op.set_table_storage`` changes them on an existing table (autogenerate renders it when
-the model's settings differ from ``pg_class.reloptions``).
+the model's settings differ from ``pg_class.reloptions``). ``op.create_inbox`` /
+``op.drop_inbox`` create and drop a consumer's inbox table (`InboxMixin`): a plain table
+with its primary key and retention index (``alembic_ext._inbox_op``).
 
 ``op.add_job_status_values("jobs")`` upgrades an install made by an earlier release: it
 adds the states the ``job_status`` type lacks (``cancelled``, new in this release) with
@@ -48,21 +50,26 @@ from sa_outbox.schema._partition_ddl import (
 from sa_outbox.schema._status import JobStatus, job_status_enum
 
 from ._base import StorageArgument, SupportsInvoke, _CreateOperation, _DropOperation
+from ._inbox_op import CreateInboxOp, DropInboxOp, create_inbox, drop_inbox
 from ._storage_op import SetTableStorageOp, set_table_storage
 from ._tables import is_job_status_type
 
 __all__ = [
     "AddJobStatusValuesOp",
+    "CreateInboxOp",
     "CreateJobQueueOp",
     "CreateOutboxOp",
+    "DropInboxOp",
     "DropJobQueueOp",
     "DropOutboxOp",
     "SetTableStorageOp",
     "StorageArgument",
     "SupportsInvoke",
     "add_job_status_values",
+    "create_inbox",
     "create_job_queue",
     "create_outbox",
+    "drop_inbox",
     "drop_job_queue",
     "drop_outbox",
     "set_table_storage",

@@ -11,14 +11,16 @@ from alembic.autogenerate.api import AutogenContext
 from alembic.autogenerate.render import renderers
 
 from .operations import (
+    CreateInboxOp,
     CreateJobQueueOp,
     CreateOutboxOp,
+    DropInboxOp,
     DropJobQueueOp,
     DropOutboxOp,
     SetTableStorageOp,
 )
 
-__all__ = ["render_operation", "render_set_table_storage"]
+__all__ = ["render_inbox_operation", "render_operation", "render_set_table_storage"]
 
 _NAMES = {
     CreateJobQueueOp: "create_job_queue",
@@ -78,3 +80,25 @@ def render_set_table_storage(autogen_context: AutogenContext, operation: SetTabl
         arguments += f", schema={operation.schema!r}"
     arguments += f", existing_storage={operation.existing_storage!r}"
     return f"{prefix}set_table_storage({arguments})"
+
+
+@renderers.dispatch_for(CreateInboxOp)
+@renderers.dispatch_for(DropInboxOp)
+def render_inbox_operation(
+    autogen_context: AutogenContext, operation: CreateInboxOp | DropInboxOp
+) -> str:
+    """``op.create_inbox(...)`` / ``op.drop_inbox(...)``, as autogenerate writes them.
+
+    Examples:
+        >>> from alembic.autogenerate import render_python_code
+        >>> from alembic.operations import ops
+        >>> print(render_python_code(ops.UpgradeOps([CreateInboxOp("inbox")])).splitlines()[1])
+            op.create_inbox('inbox')
+    """
+    autogen_context.imports.add("import alembic_ext")
+    prefix = autogen_context.opts.get("alembic_module_prefix", "op.")
+    name = "create_inbox" if isinstance(operation, CreateInboxOp) else "drop_inbox"
+    arguments = repr(operation.table_name)
+    if operation.schema is not None:
+        arguments += f", schema={operation.schema!r}"
+    return f"{prefix}{name}({arguments})"
