@@ -23,6 +23,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .._wire import (
+    HEADER_AGGREGATE_ID,
+    HEADER_AGGREGATE_TYPE,
+    HEADER_CREATED_AT,
+    HEADER_EVENT_TYPE,
+    HEADER_ID,
+    HEADER_SEQ,
+)
 from ..queue._results import ClaimedEvent
 from ..statements import compact_json
 
@@ -51,15 +59,15 @@ def message_headers(event: ClaimedEvent) -> dict[str, str]:
     headers = {str(k): _header_value(v) for k, v in (event.headers or {}).items()}
     headers.update(
         {
-            "outbox-id": str(event.id),
-            "outbox-event-type": event.event_type,
-            "outbox-aggregate-type": event.aggregate_type,
-            "outbox-aggregate-id": event.aggregate_id,
-            "outbox-seq": str(event.seq),
+            HEADER_ID: str(event.id),
+            HEADER_EVENT_TYPE: event.event_type,
+            HEADER_AGGREGATE_TYPE: event.aggregate_type,
+            HEADER_AGGREGATE_ID: event.aggregate_id,
+            HEADER_SEQ: str(event.seq),
         }
     )
     if event.created_at is not None:
-        headers["outbox-created-at"] = event.created_at.isoformat()
+        headers[HEADER_CREATED_AT] = event.created_at.isoformat()
     return headers
 
 

@@ -32,8 +32,6 @@ Examples:
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
@@ -41,6 +39,12 @@ import httpx
 
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import count
+from .._wire import (
+    WEBHOOK_EVENT_TYPE_HEADER,
+    WEBHOOK_IDEMPOTENCY_HEADER,
+    WEBHOOK_SIGNATURE_HEADER,
+    sign,
+)
 from ..queue._results import ClaimedEvent
 from ..relay._core import describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
@@ -97,16 +101,6 @@ def checked_url(url: object) -> str:
     return url
 
 
-def sign(secret: bytes, body: bytes) -> str:
-    """The ``X-Outbox-Signature`` value: ``sha256=`` and the hex HMAC-SHA256 of ``body``.
-
-    Examples:
-        >>> sign(b"secret", b'{"id":"1"}')
-        'sha256=6146142a2ce0159e84c0767881e4ec80bc397da62526e7d19f70795eb79460c0'
-    """
-    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
-
-
 class _Unreachable(Exception):
     pass
 
@@ -126,8 +120,8 @@ class WebhookPublisher:
         timeout: float | httpx.Timeout = 10.0,
         headers: Mapping[str, str] | None = None,
         concurrency: int = 10,
-        signature_header: str = "X-Outbox-Signature",
-        idempotency_header: str = "Idempotency-Key",
+        signature_header: str = WEBHOOK_SIGNATURE_HEADER,
+        idempotency_header: str = WEBHOOK_IDEMPOTENCY_HEADER,
     ) -> None:
         self._fixed_url: str | None = None
         if isinstance(url, str):
@@ -163,7 +157,7 @@ class WebhookPublisher:
             **self._headers,
             "Content-Type": "application/json",
             self._idempotency_header: str(event.id),
-            "X-Outbox-Event-Type": event.event_type,
+            WEBHOOK_EVENT_TYPE_HEADER: event.event_type,
         }
         if self._secret is not None:
             headers[self._signature_header] = sign(self._secret, body)
