@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._exceptions import InvalidArgumentType
-from .._wire import HEADER_ID, NATS_MSG_ID
+from .._wire import HEADER_EVENT_TYPE, HEADER_ID, NATS_MSG_ID
 from ._message import (
     MalformedMessage,
     ReceivedMessage,
@@ -53,8 +53,10 @@ def from_rabbitmq(message: Any) -> ReceivedMessage:
         "RabbitMQ",
         headers,
         payload,
-        message_id=as_text(message.message_id),
-        event_type=as_text(message.type),
+        # The publisher sets both the headers and the properties; a property may also come
+        # from elsewhere (a client that fills message_id in), so the header wins.
+        message_id=headers.get(HEADER_ID) or as_text(message.message_id),
+        event_type=headers.get(HEADER_EVENT_TYPE) or as_text(message.type),
     )
 
 
