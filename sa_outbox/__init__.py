@@ -4,6 +4,7 @@ Layers (imports point down; docs/architecture.md draws them): `sa_outbox.schema`
 → `sa_outbox.statements` (the query builder, no I/O) → `sa_outbox.queue` (`JobQueue`,
 `Outbox`: thin executors) → `sa_outbox.events` (the unit of work) and
 `sa_outbox.maintenance` → `sa_outbox.worker` and `sa_outbox.relay` → `sa_outbox.publishers`
+(and, beside them, `sa_outbox.consumers`)
 → `sa_outbox.cli`. This module only re-exports the public names.
 
 Examples:
