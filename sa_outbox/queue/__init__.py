@@ -9,8 +9,9 @@ the runtimes (worker, relay, maintenance) nor the integrations, which build on t
 - ``_job_queue``: `JobQueue` / `AsyncJobQueue`; ``_outbox``: `Outbox` / `AsyncOutbox`;
 - ``_control``: `QueueControl` / `AsyncQueueControl`, pausing and resuming queues;
 - ``_copy``: bulk enqueue through ``COPY``; ``_results``: the typed result records;
-- ``_inspect``: `queue_status`, listings of jobs and events, `queue_depths`, and the
-  retries by hand (`retry_failed`, `retry_parked`) the CLI and a dashboard share.
+- ``_inspect``: `queue_status`, listings of jobs (running ones with their leases) and
+  events, `queue_depths`, `throughput_by_minute`, and the retries by hand
+  (`retry_failed`, `retry_parked`) the CLI and a dashboard share.
 
 Examples:
     >>> from sqlalchemy.orm import DeclarativeBase
@@ -31,6 +32,8 @@ from ._inspect import (
     OutboxStatus,
     QueueDepth,
     QueueStatus,
+    RunningJob,
+    ThroughputMinute,
     WorkerJobs,
     as_plain,
     get_event,
@@ -38,11 +41,13 @@ from ._inspect import (
     kind_exists,
     list_events,
     list_jobs,
+    list_running_jobs,
     queue_depths,
     queue_exists,
     queue_status,
     retry_failed,
     retry_parked,
+    throughput_by_minute,
 )
 from ._job_queue import AsyncJobQueue, JobQueue
 from ._outbox import AsyncOutbox, Outbox
@@ -83,6 +88,8 @@ __all__ = [
     "ReclaimedJob",
     "RejectedEvent",
     "RetryResult",
+    "RunningJob",
+    "ThroughputMinute",
     "WorkerJobs",
     "as_plain",
     "get_event",
@@ -90,9 +97,11 @@ __all__ = [
     "kind_exists",
     "list_events",
     "list_jobs",
+    "list_running_jobs",
     "queue_depths",
     "queue_exists",
     "queue_status",
     "retry_failed",
     "retry_parked",
+    "throughput_by_minute",
 ]

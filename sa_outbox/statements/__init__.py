@@ -31,12 +31,14 @@ from .._validation import (
 )
 from ._common import DEFAULT_MAX_PAYLOAD_BYTES
 from ._inspect import (
+    MAX_THROUGHPUT_MINUTES,
     WORKER_APPLICATION_PREFIX,
     connected_workers,
     count_jobs_by_queue_kind_status,
     job_alarms,
     job_kind_exists,
     job_queue_exists,
+    job_throughput_by_minute,
     latest_deduplication_key,
     outbox_alarms,
     queue_throughput,
@@ -46,6 +48,7 @@ from ._inspect import (
     select_job,
     select_job_statuses,
     select_jobs,
+    select_running_jobs,
     workers_holding_jobs,
 )
 from ._job_cancel import (
@@ -153,6 +156,7 @@ __all__ = [
     "MAX_DEDUPLICATION_KEY_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_PAYLOAD_DEPTH",
+    "MAX_THROUGHPUT_MINUTES",
     "PARTITION_LOCK_PREFIX",
     "PRUNE_LOCK_PREFIX",
     "WORKER_APPLICATION_PREFIX",
@@ -193,6 +197,7 @@ __all__ = [
     "job_notify_channel_of",
     "job_queue_exists",
     "job_statuses",
+    "job_throughput_by_minute",
     "latest_deduplication_key",
     "list_partitions",
     "listen_sql",
@@ -235,6 +240,7 @@ __all__ = [
     "select_now",
     "select_parked_events",
     "select_paused_queues",
+    "select_running_jobs",
     "set_lock_timeout",
     "snooze_job",
     "table_layout",
