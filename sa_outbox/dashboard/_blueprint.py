@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -18,17 +19,24 @@ from ..queue import (
     get_event,
     get_job,
     list_events,
+    list_running_jobs,
     queue_status,
     retry_failed,
     retry_parked,
+    throughput_by_minute,
 )
 from ..schema import JobStatus
+from ._chart import throughput_chart
 from ._csrf import CSRF_COOKIE, CSRF_FIELD, csrf_ok, token_of
 
 __all__ = ["CSRF_COOKIE", "dashboard_blueprint"]
 
 #: Jobs per page of the jobs list.
 PAGE_SIZE = 50
+#: Minutes the overview's throughput chart covers.
+CHART_MINUTES = 30
+#: Running jobs the overview lists (the soonest lease end first).
+RUNNING_SHOWN = 50
 _STATUSES = tuple(str(s) for s in JobStatus)
 
 
@@ -43,6 +51,25 @@ def _uuid(value: str) -> uuid.UUID | None:
         return uuid.UUID(value)
     except ValueError:
         return None
+
+
+def lease_text(left: dt.timedelta | None) -> str:
+    """A lease's time left as the overview shows it: ``m:ss`` (``h:mm:ss`` from an hour), or
+    how long ago it expired.
+
+    Examples:
+        >>> lease_text(dt.timedelta(seconds=299.6)), lease_text(dt.timedelta(hours=2))
+        ('4:59', '2:00:00')
+        >>> lease_text(dt.timedelta(seconds=-61)), lease_text(None)
+        ('expired 1:01 ago', '')
+    """
+    if left is None:
+        return ""
+    seconds = int(left.total_seconds())
+    hours, rest = divmod(abs(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    shown = f"{hours}:{minutes:02}:{secs:02}" if hours else f"{minutes}:{secs:02}"
+    return f"expired {shown} ago" if left < dt.timedelta(0) else shown
 
 
 def dashboard_blueprint(
@@ -127,10 +154,19 @@ def dashboard_blueprint(
 
     @bp.get("/")
     def overview() -> str:
-        with get_engine().connect() as conn:
+        with get_engine().connect() as conn:  # one transaction: one now() for every part
             status = queue_status(conn, jobs=jobs, outbox=outbox)
+            minutes = throughput_by_minute(conn, jobs, minutes=CHART_MINUTES)
+            running = list_running_jobs(conn, jobs, limit=RUNNING_SHOWN)
             parked = [] if outbox is None else list_events(conn, outbox, parked=True)
-        return render("overview.html", status=status, parked=parked)
+        return render(
+            "overview.html",
+            status=status,
+            chart=throughput_chart(minutes),
+            running=running,
+            lease_text=lease_text,
+            parked=parked,
+        )
 
     @bp.get("/jobs")
     def job_list() -> str | Response:
