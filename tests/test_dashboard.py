@@ -332,6 +332,12 @@ def test_retry_a_parked_event(engine: Engine, client: Any) -> None:
     response = client.post(f"/outbox/{scene.backlog}/retry", data={"csrf_token": token(client)})
     assert response.status_code == 409
     assert "is not parked; nothing retried" in response.get_data(as_text=True)
+    for unknown in (str(uuid.UUID(int=5)), "not-a-uuid"):
+        response = client.post(f"/outbox/{unknown}/retry", data={"csrf_token": token(client)})
+        assert response.status_code == 404
+        assert f"no event {unknown}" in response.get_data(as_text=True)
+    events = {row.id: row for row in event_rows(engine)}
+    assert len(events) == 2 and events[scene.backlog].parked_at is None
 
 
 def test_a_post_without_the_csrf_token_is_refused(engine: Engine, client: Any) -> None:

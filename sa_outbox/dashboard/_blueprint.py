@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, Response, make_response, redirect, render_template, request, url_for
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from werkzeug.wrappers import Response as BaseResponse
 
 from .. import statements as st
@@ -207,17 +207,32 @@ def dashboard_blueprint(
             return _page(f"no job {job_id}", 404)
         return render("job.html", job=found)
 
-    @bp.post("/jobs/<job_id>/retry")
-    def retry_job(job_id: str) -> BaseResponse:
-        wanted = _uuid(job_id)
+    def retry_one(
+        raw_id: str,
+        noun: str,
+        retry: Callable[[Connection, uuid.UUID], object],
+        then: Callable[[uuid.UUID], str],
+    ) -> BaseResponse:
+        """Retry the job or event ``raw_id`` (all or nothing), then go to ``then(id)``; an
+        unknown id is a 404 page, one that cannot be retried (not failed, not parked) a 409."""
+        wanted = _uuid(raw_id)
         if wanted is None:
-            return _page(f"no job {job_id}", 404)
+            return _page(f"no {noun} {raw_id}", 404)
         try:
             with get_engine().begin() as conn:
-                retry_failed(conn, jobs, ids=[wanted])
-        except InvalidArgument as exc:
-            return _page(str(exc), 404 if str(exc).startswith("no job") else 409)
-        return redirect(url_for(f"{name}.job_detail", job_id=str(wanted)))
+                retry(conn, wanted)
+        except InvalidArgument as exc:  # the library says "no job …" / "no event …" if unknown
+            return _page(str(exc), 404 if str(exc).startswith(f"no {noun} ") else 409)
+        return redirect(then(wanted))
+
+    @bp.post("/jobs/<job_id>/retry")
+    def retry_job(job_id: str) -> BaseResponse:
+        return retry_one(
+            job_id,
+            "job",
+            lambda conn, wanted: retry_failed(conn, jobs, ids=[wanted]),
+            lambda wanted: url_for(f"{name}.job_detail", job_id=str(wanted)),
+        )
 
     @bp.post("/jobs/retry-failed")
     def retry_all_failed() -> BaseResponse:
@@ -250,14 +265,13 @@ def dashboard_blueprint(
 
     @bp.post("/outbox/<event_id>/retry")
     def retry_event(event_id: str) -> BaseResponse:
-        wanted = _uuid(event_id)
-        if wanted is None or outbox is None:
+        if outbox is None:
             return _page(f"no outbox event {event_id}", 404)
-        try:
-            with get_engine().begin() as conn:
-                retry_parked(conn, outbox, ids=[wanted])
-        except InvalidArgument as exc:
-            return _page(str(exc), 404 if str(exc).startswith("no event") else 409)
-        return redirect(url_for(f"{name}.overview"))
+        return retry_one(
+            event_id,
+            "event",
+            lambda conn, wanted: retry_parked(conn, outbox, ids=[wanted]),
+            lambda _: url_for(f"{name}.overview"),
+        )
 
     return bp
