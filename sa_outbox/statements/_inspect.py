@@ -499,7 +499,8 @@ def select_running_jobs(
     ``lease_left`` is ``lease_until - now``: negative when the lease expired (the worker
     died or stalled; the reclaimer will take the job). The reclaimer's partial index
     ``(lease_until) WHERE status = 'running'`` serves the order, so a large table costs
-    only ``limit`` rows.
+    about ``limit`` rows (more only when many share the last lease end shown: a batch
+    claimed together, whose ties are sorted by ``id``).
 
     Examples:
         >>> from sa_outbox.schema import JobMixin
