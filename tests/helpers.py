@@ -107,7 +107,7 @@ def notifications_during(
         listener.close()
 
 
-def _unset_tracer_provider() -> None:
+def unset_tracer_provider() -> None:
     # OpenTelemetry sets its global provider once per process; its own test utilities
     # (opentelemetry.test.globals_test) unset it this way between tests.
     from opentelemetry import trace
@@ -123,10 +123,10 @@ def global_tracer_provider(provider: Any) -> Iterator[Any]:
     tests (and the docs' pages, tests/test_docs.py) that set one do not see each other's."""
     from opentelemetry import trace
 
-    _unset_tracer_provider()
+    unset_tracer_provider()
     trace.set_tracer_provider(provider)
     try:
         yield provider
     finally:
         provider.shutdown()
-        _unset_tracer_provider()
+        unset_tracer_provider()
