@@ -39,6 +39,7 @@ import sa_outbox
 from alembic_ext._tables import kind_from_columns
 from sa_outbox import (
     AsyncJobQueue,
+    AsyncRelay,
     Backoff,
     ClaimedEvent,
     FakeClock,
@@ -563,3 +564,57 @@ def test_a_worker_without_the_sdk_provider_runs_traced_jobs(
     assert worker.drain(timeout=WAIT) == 1
     assert ran == [parent["traceparent"]]
     assert jobs_by_status(engine) == {"succeeded": 1}
+
+
+def test_a_partitioned_job_table_stores_and_claims_headers(
+    engine: Engine, spans: InMemorySpanExporter
+) -> None:
+    """On a table partitioned by created_at (its dedup trigger instead of ON CONFLICT) every
+    enqueue path stores the headers, and the claim returns them."""
+    schema = f"otel_parts_{uuid.uuid4().hex[:8]}"
+
+    class Base(DeclarativeBase):
+        metadata = MetaData()
+
+    class Parts(JobMixin, Base):
+        __tablename__ = "jobs"
+        __table_schema__ = schema
+        __partition_interval__ = "day"
+
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    try:
+        Base.metadata.create_all(engine)
+        parts = JobQueue(Parts)
+        with tracer().start_as_current_span("request") as request, engine.begin() as conn:
+            parts.enqueue(conn, "one", {}, headers={"k": "v"}, deduplication_key="one")
+            parts.enqueue(conn, "one", {}, deduplication_key="one")  # skipped by the trigger
+            parts.enqueue_many(conn, [NewJob("many", {}, deduplication_key="many")])
+            parts.enqueue_copy(conn, [NewJob("copy", {})])
+        with engine.begin() as conn:
+            claimed = parts.claim(conn, worker_id="w", batch=10)
+        current = traceparent_of(request)
+        assert {job.kind: job.headers for job in claimed} == {
+            "one": {"traceparent": current, "k": "v"},
+            "many": {"traceparent": current},
+            "copy": {"traceparent": current},
+        }
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+
+
+async def test_the_async_relay_publishes_in_a_span_child_of_the_request(
+    engine: Engine, async_engine: AsyncEngine, spans: InMemorySpanExporter
+) -> None:
+    with tracer().start_as_current_span("request") as request, engine.begin() as conn:
+        Outbox(OutboxEvent).append(
+            conn, event_type="Noted", aggregate_type="t", aggregate_id=1, payload={}
+        )
+    received: list[ClaimedEvent] = []
+    async with AsyncRelay(async_engine, OutboxEvent, CallablePublisher(received.append)) as relay:
+        assert (await relay.run_once()).published == 1
+    publish = named(spans, "publish Noted")
+    assert parent_id(publish) == request.get_span_context().span_id
+    assert [event.headers["traceparent"] for event in received] == [traceparent_of(publish)]
+    assert [row.published_at is not None for row in event_rows(engine)] == [True]
