@@ -517,6 +517,9 @@ def test_autogenerate_adds_the_column_to_an_install_made_before_it(database_url:
             assert "op.add_column('jobs', sa.Column('headers', postgresql.JSONB(" in rendered
             operations = Operations(MigrationContext.configure(conn))
             operations.invoke(add)
+            # The form docs/upgrading.md gives it, for a history replayed on a fresh
+            # database (whose create_job_queue already made the column): a no-op here.
+            operations.execute(f"ALTER TABLE {schema}.jobs ADD COLUMN IF NOT EXISTS headers jsonb")
         with pg.begin() as conn:
             assert changes(conn).is_empty()
             JobQueue(Jobs).enqueue(conn, "after", {}, headers={"k": "v"})
