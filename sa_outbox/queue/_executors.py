@@ -23,11 +23,13 @@ from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import LeaseLost
 from .._json import fast_compact_json
+from .._tracing import current_trace_headers
 from .._validation import count
 from ..schema import JobStatus, resolve_table
 from ..statements._common import Dumps, id_token_pairs
 from ..statements._job_cancel import job_ids
 from ..statements._job_claim import COMPLETION_IDS, COMPLETION_TOKENS
+from ..statements._job_enqueue import has_headers, no_headers_column
 from ._cursor import NOT_RUN, DriverInsert
 from ._results import (
     BatchResult,
@@ -169,6 +171,7 @@ class _JobOps:
         max_payload_bytes: int,
     ) -> None:
         self.table = resolve_table(model)
+        self.has_headers = has_headers(self.table)
         self.clock = clock
         self.backoff = backoff or st.DEFAULT_BACKOFF
         self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
@@ -179,10 +182,21 @@ class _JobOps:
         self._complete_claims: dict[tuple[Any, ...], Executable] = {}
 
     def enqueue_values(self, kind: str, payload: Any, options: dict[str, Any]) -> dict[str, Any]:
-        """The job's checked values (the payload serialised): bad input raises here."""
-        return st.enqueue_job_values(
-            kind, payload, dumps=self.dumps, max_payload_bytes=self.max_payload_bytes, **options
+        """The job's checked values (the payload and headers serialised, the current trace
+        context among the headers): bad input raises here."""
+        values = st.enqueue_job_values(
+            kind,
+            payload,
+            trace_headers=current_trace_headers(),
+            dumps=self.dumps,
+            max_payload_bytes=self.max_payload_bytes,
+            **options,
         )
+        if values["job_headers"] is not None and not self.has_headers:
+            if options.get("headers") is not None:
+                raise no_headers_column(self.table)
+            values["job_headers"] = None  # a table not migrated yet: the trace is dropped
+        return values
 
     def enqueue_on_cursor(self, conn: SyncConn | Engine, values: dict[str, Any]) -> Any:
         """The enqueue on the driver's cursor (`DriverInsert`): an `EnqueueResult`, or
@@ -218,10 +232,15 @@ class _JobOps:
         stmt, bind_arguments = self._enqueue
         return (stmt, values) if bind_arguments is None else (stmt, values, bind_arguments)
 
-    def enqueue_many(self, jobs: Iterable[st.NewJob]) -> Op[list[EnqueueResult]]:
+    def enqueue_many(
+        self, jobs: Iterable[st.NewJob], *, trace: bool = True
+    ) -> Op[list[EnqueueResult]]:
+        """``trace=False``: the current trace context is not the jobs' (periodic jobs, and
+        follow-up jobs, which took theirs when the handler enqueued them)."""
         stmt, ids = st.enqueue_jobs(
             self.table,
             jobs,
+            trace_headers=current_trace_headers() if trace else None,
             clock=self.clock,
             dumps=self.dumps,
             max_payload_bytes=self.max_payload_bytes,
@@ -266,10 +285,10 @@ class _JobOps:
         done: set[Pair] = set()
         jobs: list[ClaimedJob] = []
         for row in rows:
-            if row[13]:  # acked: (id, token) of a completed pair
+            if row[14]:  # acked: (id, token) of a completed pair
                 done.add((row[0], row[9]))
             else:
-                jobs.append(ClaimedJob(*row[:13]))
+                jobs.append(ClaimedJob(*row[:14]))
         jobs.sort(key=_claim_order)
         return done, jobs
 

@@ -1,8 +1,9 @@
 """Layer 2: the query builder — functions that return SQLAlchemy Core statements.
 
 May import: ``sa_outbox.schema`` and the foundation modules, nothing that does I/O. Split
-by concern: ``_job_enqueue``, ``_job_claim`` (claim, heartbeat, complete), ``_job_settle``
-(retry, fail, snooze, release, reclaim, requeue, retry by hand, prune), ``_job_cancel``,
+by concern: ``_job_enqueue`` (and ``_job_headers``), ``_job_claim`` (claim, heartbeat,
+complete), ``_job_settle`` (retry, fail, snooze, release, reclaim, requeue, retry by hand,
+prune), ``_job_cancel``,
 ``_job_notify``, ``_queue_pause`` (paused queues); ``_inspect`` (the read-only queries of
 status, listings and queues); ``_outbox_append``, ``_outbox_claim``, ``_outbox_settle``;
 ``_maintenance`` and ``_partitions`` (upkeep).
@@ -78,6 +79,7 @@ from ._job_enqueue import (
     enqueue_jobs,
     precompiled,
 )
+from ._job_headers import MAX_HEADERS_BYTES
 from ._job_notify import job_notify_channel_of, listen_sql, notify_jobs, parse_notify_payload
 from ._job_settle import (
     count_jobs_by_status,
@@ -154,6 +156,7 @@ __all__ = [
     "ENQUEUE_PARAMETERS",
     "MAX_AGGREGATE_ID_LENGTH",
     "MAX_DEDUPLICATION_KEY_LENGTH",
+    "MAX_HEADERS_BYTES",
     "MAX_NAME_LENGTH",
     "MAX_PAYLOAD_DEPTH",
     "MAX_THROUGHPUT_MINUTES",

@@ -201,6 +201,8 @@ def _claim_columns(t: Any) -> list[Any]:
         t.c.worker_id,
         t.c.deduplication_key,
         t.c.created_at,
+        # A table made before the column was added (not migrated yet) claims NULL headers.
+        t.c.headers if "headers" in t.c else null().label("headers"),
     ]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import statements as st
 from .._exceptions import InvalidArgument, InvalidArgumentType, LeaseLost
+from .._tracing import trace_id_of
 from ..queue._executors import Op, _JobOps
 from ..queue._results import BatchResult, ClaimedJob
 from ..schema import JobStatus
@@ -462,8 +463,8 @@ class Core:
                 outcomes.append((result, JobOutcome.SUCCEEDED if ok else JobOutcome.LOST))
                 if ok and result.entry.context.has_followups:
                     followups.extend(result.entry.context.followups)
-            if followups:
-                yield from ops.enqueue_many(followups)
+            if followups:  # each took its trace context when the handler enqueued it
+                yield from ops.enqueue_many(followups, trace=False)
         releases = [r for r in results if r.action is Action.RELEASE]
         if releases:
             batch = yield from ops.release_many([r.entry.pair for r in releases])
@@ -724,7 +725,7 @@ class Core:
 def outcome_fields(result: Result, outcome: JobOutcome) -> dict[str, Any]:
     """The ``extra=`` fields of a job's outcome log line (docs/metrics.md lists them)."""
     job = result.entry.job
-    return {
+    fields: dict[str, Any] = {
         "job_id": str(job.id),
         "kind": job.kind,
         "queue": job.queue,
@@ -734,6 +735,11 @@ def outcome_fields(result: Result, outcome: JobOutcome) -> dict[str, Any]:
         "duration": round(result.seconds, 6),
         "error": (result.error or "").splitlines()[0] if result.error else None,
     }
+    if job.headers is not None:
+        trace_id = trace_id_of(job.headers)
+        if trace_id is not None:  # the trace the job continues (docs/tracing.md)
+            fields["trace_id"] = trace_id
+    return fields
 
 
 def _give_up(entry: Entry) -> Action:
