@@ -99,8 +99,9 @@ from .schema import (
     OutboxDataclassMixin,
     OutboxMixin,
     QueuePauseMixin,
+    RateLimitLogMixin,
 )
-from .statements import NewJob
+from .statements import ClaimLimits, Limit, NewJob
 from .worker import (
     ALL_KINDS,
     AsyncReclaimer,
@@ -144,6 +145,7 @@ __all__ = [
     "CancelReason",
     "CancelResult",
     "CancelToken",
+    "ClaimLimits",
     "ClaimedEvent",
     "ClaimedJob",
     "Clock",
@@ -172,6 +174,7 @@ __all__ = [
     "JobTimeout",
     "JobsStatus",
     "LeaseLost",
+    "Limit",
     "NewJob",
     "Outbox",
     "OutboxDataclassMixin",
@@ -192,6 +195,7 @@ __all__ = [
     "QueueDepth",
     "QueuePauseMixin",
     "QueueStatus",
+    "RateLimitLogMixin",
     "ReclaimedJob",
     "Reclaimer",
     "RejectedEvent",
