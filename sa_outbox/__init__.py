@@ -103,8 +103,9 @@ from .schema import (
     OutboxDataclassMixin,
     OutboxMixin,
     QueuePauseMixin,
+    RateLimitLogMixin,
 )
-from .statements import NewJob
+from .statements import ClaimLimits, Limit, NewJob
 from .worker import (
     ALL_KINDS,
     AsyncReclaimer,
@@ -148,6 +149,7 @@ __all__ = [
     "CancelReason",
     "CancelResult",
     "CancelToken",
+    "ClaimLimits",
     "ClaimedEvent",
     "ClaimedJob",
     "Clock",
@@ -176,6 +178,7 @@ __all__ = [
     "JobTimeout",
     "JobsStatus",
     "LeaseLost",
+    "Limit",
     "NewJob",
     "Outbox",
     "OutboxDataclassMixin",
@@ -196,6 +199,7 @@ __all__ = [
     "QueueDepth",
     "QueuePauseMixin",
     "QueueStatus",
+    "RateLimitLogMixin",
     "ReclaimedJob",
     "Reclaimer",
     "RejectedEvent",

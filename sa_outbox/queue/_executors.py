@@ -24,7 +24,7 @@ from .._clock import Clock
 from .._exceptions import LeaseLost
 from .._json import fast_compact_json
 from .._tracing import current_trace_headers
-from .._validation import count
+from .._validation import count, name_filter
 from ..schema import JobStatus, resolve_table
 from ..statements._common import Dumps, id_token_pairs
 from ..statements._job_cancel import job_ids
@@ -178,6 +178,7 @@ class _JobOps:
         self._enqueue: tuple[Executable, dict[str, Any] | None] | None = None
         self._driver_insert: DriverInsert | None = None
         self._claims: dict[tuple[Any, ...], Executable] = {}
+        self._locks: dict[st.ClaimLimits, Executable] = {}
         self._completion: Executable | None = None
         self._complete_claims: dict[tuple[Any, ...], Executable] = {}
 
@@ -252,12 +253,32 @@ class _JobOps:
         return [EnqueueResult(id=i, inserted=True) if i in inserted else _NOT_INSERTED for i in ids]
 
     def claim(self, options: dict[str, Any]) -> Op[list[ClaimedJob]]:
+        lock = self._limits_lock(options)
+        if lock is not None:
+            yield lock
         rows = (yield self._claim_statement(options)).all()
         # The claim returns ClaimedJob's fields in their order (st.claim_jobs' RETURNING).
         jobs = [ClaimedJob(*row) for row in rows]
         # RETURNING has no order of its own: hand jobs out in the claim's order.
         jobs.sort(key=_claim_order)
         return jobs
+
+    def _limits_lock(self, options: dict[str, Any]) -> Executable | None:
+        """`st.lock_claim_limits` for the limits this claim touches (``None``: none)."""
+        limits = options.get("limits")
+        if limits is None:
+            return None
+        if not isinstance(limits, st.ClaimLimits):
+            return None  # claim_jobs says what is wrong with it
+        applied = limits.applying(
+            name_filter(options.get("queues"), "queues"), name_filter(options.get("kinds"), "kinds")
+        )
+        if applied is None:
+            return None
+        lock = self._locks.get(applied)
+        if lock is None:
+            lock = self._locks[applied] = st.lock_claim_limits(self.table, applied)
+        return lock
 
     def _claim_statement(self, options: dict[str, Any]) -> Executable:
         # A worker claims with the same options again and again: with the database's clock

@@ -184,8 +184,14 @@ class JobQueue(_Base):
         lease: dt.timedelta | float = st.DEFAULT_LEASE,
         queues: str | Sequence[str] | None = None,
         kinds: str | Sequence[str] | None = None,
+        limits: st.ClaimLimits | None = None,
     ) -> list[ClaimedJob]:
         """Claim up to ``batch`` ready jobs (commit right after, then run them).
+
+        ``limits`` (`sa_outbox.statements.ClaimLimits`, e.g. a `JobApp`'s ``limits``): the
+        claim first takes the limits' lock (`sa_outbox.statements.lock_claim_limits`), then
+        claims no more than they allow; ``conn`` must be in a transaction, committed right
+        after, for the lock to serialise the claims.
 
         Examples:
             jobs = queue.claim(conn, worker_id="w1", batch=20)
@@ -197,6 +203,8 @@ class JobQueue(_Base):
             "queues": queues,
             "kinds": kinds,
         }
+        if limits is not None:
+            options["limits"] = limits
         return _drive(conn, self._ops.claim(options))
 
     def heartbeat(
@@ -430,6 +438,7 @@ class AsyncJobQueue(_Base):
         lease: dt.timedelta | float = st.DEFAULT_LEASE,
         queues: str | Sequence[str] | None = None,
         kinds: str | Sequence[str] | None = None,
+        limits: st.ClaimLimits | None = None,
     ) -> list[ClaimedJob]:
         """See `JobQueue.claim`."""
         options = {
@@ -439,6 +448,8 @@ class AsyncJobQueue(_Base):
             "queues": queues,
             "kinds": kinds,
         }
+        if limits is not None:
+            options["limits"] = limits
         return await _adrive(conn, self._ops.claim(options))
 
     async def heartbeat(

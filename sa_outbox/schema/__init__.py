@@ -22,6 +22,7 @@ What lives here:
 - the DDL that ``create_all`` and the Alembic operations share: ``_notify_trigger``,
   ``_outbox_triggers``, ``_partition_ddl``, ``_storage``;
 - ``_queue_pause``: `QueuePauseMixin`, the table of paused queues;
+- ``_rate_log``: `RateLimitLogMixin`, the recent claims that rate limits count;
 - ``_event_types``: what makes a subclass of an outbox model a domain event class.
 
 Examples:
@@ -42,6 +43,7 @@ from ._columns import job_table_args, outbox_table_args
 from ._mixins import JobDataclassMixin, JobMixin, OutboxDataclassMixin, OutboxMixin, resolve_table
 from ._partition_ddl import PARTITION_INFO_KEY, PARTITION_INTERVALS
 from ._queue_pause import QueuePauseMixin
+from ._rate_log import RateLimitLogMixin
 from ._status import JOB_STATUS_TYPE_NAME, TABLE_KIND_INFO_KEY, JobStatus, job_status_enum
 from ._storage import RECOMMENDED_JOB_STORAGE, RECOMMENDED_OUTBOX_STORAGE, STORAGE_INFO_KEY
 
@@ -59,6 +61,7 @@ __all__ = [
     "OutboxDataclassMixin",
     "OutboxMixin",
     "QueuePauseMixin",
+    "RateLimitLogMixin",
     "job_status_enum",
     "job_table_args",
     "outbox_table_args",

@@ -3,7 +3,7 @@
 May import: ``sa_outbox.schema`` and the foundation modules, nothing that does I/O. Split
 by concern: ``_job_enqueue`` (and ``_job_headers``), ``_job_claim`` (claim, heartbeat,
 complete), ``_job_settle`` (retry, fail, snooze, release, reclaim, requeue, retry by hand,
-prune), ``_job_cancel``,
+prune), ``_job_cancel``, ``_job_limits`` (concurrency and rate limits the claim obeys),
 ``_job_notify``, ``_queue_pause`` (paused queues); ``_inspect`` (the read-only queries of
 status, listings and queues); ``_outbox_append``, ``_outbox_claim``, ``_outbox_settle``;
 ``_maintenance`` and ``_partitions`` (upkeep).
@@ -80,6 +80,7 @@ from ._job_enqueue import (
     precompiled,
 )
 from ._job_headers import MAX_HEADERS_BYTES
+from ._job_limits import DEFAULT_LOOKAHEAD, MAX_LIMIT, ClaimLimits, Limit, lock_claim_limits
 from ._job_notify import job_notify_channel_of, listen_sql, notify_jobs, parse_notify_payload
 from ._job_settle import (
     count_jobs_by_status,
@@ -148,6 +149,7 @@ __all__ = [
     "COMPLETION_TOKENS",
     "DEFAULT_BACKOFF",
     "DEFAULT_LEASE",
+    "DEFAULT_LOOKAHEAD",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_QUEUE",
@@ -157,12 +159,15 @@ __all__ = [
     "MAX_AGGREGATE_ID_LENGTH",
     "MAX_DEDUPLICATION_KEY_LENGTH",
     "MAX_HEADERS_BYTES",
+    "MAX_LIMIT",
     "MAX_NAME_LENGTH",
     "MAX_PAYLOAD_DEPTH",
     "MAX_THROUGHPUT_MINUTES",
     "PARTITION_LOCK_PREFIX",
     "PRUNE_LOCK_PREFIX",
     "WORKER_APPLICATION_PREFIX",
+    "ClaimLimits",
+    "Limit",
     "NewEvent",
     "NewJob",
     "append_event",
@@ -204,6 +209,7 @@ __all__ = [
     "latest_deduplication_key",
     "list_partitions",
     "listen_sql",
+    "lock_claim_limits",
     "lock_partition",
     "mark_event_published",
     "mark_events_published",

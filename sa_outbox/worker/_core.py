@@ -132,6 +132,13 @@ class Core:
             "kinds": settings.kinds,
         }
         self._wanted_queues = None if settings.queues is None else frozenset(settings.queues)
+        limits = app.limits
+        #: Whether this worker's claims touch a limited kind or queue (`JobApp.limit`).
+        self.limited = limits is not None and (
+            limits.applying(settings.queues, settings.kinds) is not None
+        )
+        if limits is not None:
+            self.claim_options["limits"] = limits
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -428,11 +435,13 @@ class Core:
         self.first_result_at = None
         return results
 
-    @staticmethod
-    def one_statement(results: Sequence[Result]) -> bool:
+    def one_statement(self, results: Sequence[Result], claim: int) -> bool:
         """Whether `write_op` runs a single statement for these results (only completions
         without follow-up jobs, or nothing but a claim): then it needs no transaction of its
-        own, and the driver runs it in autocommit mode (one round trip, one commit)."""
+        own, and the driver runs it in autocommit mode (one round trip, one commit). A claim
+        under limits is two statements (the limits' lock, then the claim) in a transaction."""
+        if claim and self.limited:
+            return False
         for result in results:
             if result.action is not Action.COMPLETE or result.entry.context.has_followups:
                 return False
@@ -446,7 +455,7 @@ class Core:
         """
         ops = self.ops
         outcomes: list[tuple[Result, JobOutcome]] = []
-        if results and claim and self.one_statement(results):
+        if results and claim and self.one_statement(results, claim):
             done, taken = yield from ops.complete_and_claim(
                 [r.entry.pair for r in results], {**self.claim_options, "batch": claim}
             )

@@ -252,7 +252,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             written: Written = await self._database(
                 "write",
                 lambda: self.core.write_op(results, claim),
-                autocommit=self.core.one_statement(results),
+                autocommit=self.core.one_statement(results, claim),
             )
         except BaseException as exc:
             groups = self.core.isolate(results, exc) if is_bad_data(exc) else None

@@ -275,7 +275,7 @@ class Worker(DriverBase[Engine]):
         started = self.timer()
         with self._cond:
             notifications = self.core.notifications
-        autocommit = self.core.one_statement(results)
+        autocommit = self.core.one_statement(results, claim)
         try:
             written: Written = self._database(
                 "write", lambda: self.core.write_op(results, claim), autocommit=autocommit
