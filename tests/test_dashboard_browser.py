@@ -90,6 +90,17 @@ def test_see_a_failed_job_and_retry_it_in_a_browser(
     row = browser.find_element(By.CSS_SELECTOR, f'tr.job[data-id="{job.id}"]')
     assert row.find_element(By.CSS_SELECTOR, "td.status").text == "failed"
     assert "SMTPError: 550 <b>refused</b>" in row.text  # shown as text, not markup
+
+    # The same button with the form's CSRF field taken out: the POST is refused.
+    browser.execute_script(
+        "document.querySelectorAll('input[name=csrf_token]').forEach(e => e.remove())"
+    )
+    row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    assert "CSRF token is missing or wrong" in browser.find_element(By.TAG_NAME, "body").text
+    assert jobs_by_status(engine) == {"failed": 1}
+
+    browser.get(f"{live_url}/jobs?status=failed")
+    row = browser.find_element(By.CSS_SELECTOR, f'tr.job[data-id="{job.id}"]')
     row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
 
     status = browser.find_element(By.ID, "col-status")
