@@ -116,11 +116,22 @@ def table_kind(table: Table) -> TableKind | None:
     return kind_from_columns((column.name, column.type) for column in table.columns)
 
 
+#: Columns a release added after the first: a table made before it lacks them and is still
+#: recognised (its ``alembic revision --autogenerate`` adds them, docs/upgrading.md).
+ADDED_COLUMNS: dict[TableKind, frozenset[str]] = {
+    "job": frozenset({"headers"}),
+    "outbox": frozenset(),
+    "inbox": frozenset(),
+}
+
+
 def kind_from_columns(columns: Iterable[tuple[str, TypeEngine[Any]]]) -> TableKind | None:
-    """The kind of table that has exactly these ``(name, type)`` columns, if any."""
+    """The kind of table that has exactly these ``(name, type)`` columns, if any (a column
+    of `ADDED_COLUMNS` may be missing: a table of an earlier release)."""
     types = dict(columns)
     for kind in KINDS:
-        if set(types) != column_names(kind):
+        names = column_names(kind)
+        if not names - ADDED_COLUMNS[kind] <= set(types) <= names:
             continue
         if kind == "job" and not is_job_status_type(types["status"]):
             continue

@@ -1,12 +1,13 @@
 """Small helpers the tests share: reading rows back the way an operator would, running
-``sa-outbox`` in process, listening to a job table's notifications, and waiting for another
-process's visible state."""
+``sa-outbox`` in process, listening to a job table's notifications, waiting for another
+process's visible state, and OpenTelemetry's global tracer provider for one test."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import psycopg
@@ -104,3 +105,28 @@ def notifications_during(
         return result, [n.payload for n in listener.notifies(timeout=0)]
     finally:
         listener.close()
+
+
+def unset_tracer_provider() -> None:
+    # OpenTelemetry sets its global provider once per process; its own test utilities
+    # (opentelemetry.test.globals_test) unset it this way between tests.
+    from opentelemetry import trace
+    from opentelemetry.util._once import Once
+
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+
+
+@contextlib.contextmanager
+def global_tracer_provider(provider: Any) -> Iterator[Any]:
+    """``provider`` as OpenTelemetry's global tracer provider within the block only, so that
+    tests (and the docs' pages, tests/test_docs.py) that set one do not see each other's."""
+    from opentelemetry import trace
+
+    unset_tracer_provider()
+    trace.set_tracer_provider(provider)
+    try:
+        yield provider
+    finally:
+        provider.shutdown()
+        unset_tracer_provider()

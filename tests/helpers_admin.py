@@ -1,15 +1,18 @@
-"""Rows in every state, for the tests of ``status``, ``queues``, ``jobs`` and ``outbox``: made
-through the library's own API where one exists (enqueue, claim, fail, append), and by a plain
-UPDATE only for what needs time to pass (an expired lease, a parked event)."""
+"""Rows in every state, for the tests of ``status``, ``queues``, ``jobs``, ``outbox`` and the
+dashboard: made through the library's own API where one exists (enqueue, claim, fail,
+append; a fake clock for jobs finished in the past), and by a plain UPDATE only for what
+needs time to pass (an expired lease, a parked event)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, text
 
-from sa_outbox import JobQueue, Outbox
+from sa_outbox import FakeClock, JobQueue, Outbox
+from sa_outbox.statements import NewJob, select_now
 
 from .conftest import TEST_SCHEMA, Job, OutboxEvent
 
@@ -75,3 +78,27 @@ def make_scene(engine: Engine) -> Scene:
             {"id": parked},
         )
     return Scene(pending, failed, live.id, dead.id, report.id, parked, backlog)
+
+
+def finish_at(
+    engine: Engine, when: dt.datetime, *, succeeded: int = 0, failed: int = 0, kind: str = "k"
+) -> None:
+    """Enqueue, claim and finish jobs with a fake clock set to ``when`` (so their
+    ``updated_at`` is ``when``): ``succeeded`` completed, ``failed`` failed for good."""
+    queue = JobQueue(Job, clock=FakeClock(when))
+    with engine.begin() as conn:
+        queue.enqueue_many(conn, [NewJob(kind, {"n": n}) for n in range(succeeded + failed)])
+        claimed = queue.claim(conn, worker_id="w", kinds=[kind], batch=succeeded + failed)
+        for n, job in enumerate(claimed):
+            if n < succeeded:
+                queue.complete(conn, job.id, job.lease_token)
+            else:
+                queue.fail(conn, job.id, job.lease_token, error="boom")
+
+
+def database_now(engine: Engine) -> dt.datetime:
+    """The database's ``now()``: where jobs finished "minutes ago" are placed from."""
+    with engine.connect() as conn:
+        now = conn.execute(select_now()).scalar_one()
+    assert isinstance(now, dt.datetime)
+    return now

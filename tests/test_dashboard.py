@@ -1,9 +1,11 @@
 """The web dashboard (sa_outbox.dashboard), driven with Flask's test client on real PostgreSQL:
-every page, every action with the job and event counts before and after, bad input, CSRF,
-read-only mode, authorisation, and an XSS payload in ``last_error`` rendered inert."""
+every page, the throughput chart and the running jobs, every action with the job and event
+counts before and after, bad input, CSRF, read-only mode, authorisation, and XSS payloads
+(in ``last_error``, kinds, queues, worker ids) rendered inert."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import subprocess
 import sys
@@ -14,12 +16,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from sa_outbox import JobQueue
+from sa_outbox import FakeClock, JobQueue, list_running_jobs, throughput_by_minute
 from sa_outbox.statements import NewJob
 
 from .conftest import TEST_SCHEMA, Job, OutboxEvent
 from .helpers import event_rows, job_row, jobs_by_status
-from .helpers_admin import make_scene
+from .helpers_admin import database_now, finish_at, make_scene
 
 pytest.importorskip("flask", reason="the dashboard needs Flask (the test extra has it)")
 
@@ -34,6 +36,7 @@ from sa_outbox.dashboard import (
     create_app,
     dashboard_blueprint,
 )
+from sa_outbox.dashboard._blueprint import CHART_MINUTES, RUNNING_SHOWN
 
 ROOT = Path(__file__).resolve().parents[1]
 _TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -77,6 +80,116 @@ def test_the_overview_counts_every_status_and_the_outbox(engine: Engine, client:
     assert '<td id="backlog">1</td>' in html and '<td id="parked">1</td>' in html
     assert str(scene.parked) in html and "broker said no" in html
     assert "retry all failed send-email" in html
+
+
+def throughput_rows(html: str) -> list[tuple[str, int, int]]:
+    """The chart's table of numbers: ``(minute, succeeded, failed)`` per row."""
+    table = html[html.index('<table id="throughput-table">') :]
+    table = table[: table.index("</table>")]
+    rows = re.findall(r"<tr><td>([^<]*)</td><td>(\d+)</td><td>(\d+)</td></tr>", table)
+    return [(minute, int(ok), int(bad)) for minute, ok, bad in rows]
+
+
+def test_the_overview_charts_the_jobs_finished_per_minute(engine: Engine, client: Any) -> None:
+    now = database_now(engine)
+    finish_at(engine, now - dt.timedelta(minutes=10), succeeded=3)
+    finish_at(engine, now - dt.timedelta(minutes=4), succeeded=2, failed=1)
+    finish_at(engine, now - dt.timedelta(minutes=45), succeeded=5, failed=5)  # too old
+    queue = JobQueue(Job)
+    with engine.begin() as conn:  # retried: back to pending, so not a finished job
+        queue.enqueue(conn, "flaky", {})
+        [job] = queue.claim(conn, worker_id="w", kinds=["flaky"], batch=1)
+        queue.retry(conn, job.id, job.lease_token, error="timeout", delay=60)
+    assert jobs_by_status(engine) == {"succeeded": 10, "failed": 6, "pending": 1}
+
+    html = client.get("/").get_data(as_text=True)
+    rows = throughput_rows(html)
+    assert len(rows) == CHART_MINUTES
+    busy = {minute: (ok, bad) for minute, ok, bad in rows if ok or bad}
+    assert busy == {
+        (now - dt.timedelta(minutes=10)).strftime("%H:%M"): (3, 0),
+        (now - dt.timedelta(minutes=4)).strftime("%H:%M"): (2, 1),
+    }
+    assert '<span id="throughput-succeeded">5</span>' in html
+    assert '<span id="throughput-failed">1</span>' in html
+    chart = html[html.index('<svg id="throughput-chart"') : html.index("</svg>")]
+    assert 'role="img" aria-labelledby="throughput-title"' in chart
+    assert "5 succeeded, 1 failed</title>" in chart
+    assert chart.count('<rect class="succeeded"') == 2 and chart.count('<rect class="failed"') == 1
+    assert chart.count('<g class="minute">') == CHART_MINUTES
+    assert "<script" not in html and "src=" not in html  # no JavaScript, nothing fetched
+
+
+def test_an_empty_table_charts_zeros(client: Any) -> None:
+    html = client.get("/").get_data(as_text=True)
+    rows = throughput_rows(html)
+    assert len(rows) == CHART_MINUTES and all(ok == bad == 0 for _, ok, bad in rows)
+    assert '<rect class="succeeded"' not in html and "0 succeeded, 0 failed</title>" in html
+    assert "no running jobs" in html
+
+
+def running_rows(html: str) -> list[str]:
+    """The ``data-id`` of each row of the running jobs, in page order."""
+    return re.findall(r'<tr class="running-job[^"]*" data-id="([^"]+)"', html)
+
+
+def test_the_overview_lists_running_jobs_and_their_leases(engine: Engine, client: Any) -> None:
+    scene = make_scene(engine)
+    html = client.get("/").get_data(as_text=True)
+    assert running_rows(html) == [str(scene.expired), str(scene.running)]  # expired first
+    section = html[html.index('<table id="running-jobs">') :]
+    section = section[: section.index("</table>")]
+    expired, live = section.split('<tr class="running-job')[1:]
+    assert expired.startswith(' expired"') and not live.startswith(' expired"')
+    assert f'<a href="/jobs/{scene.expired}">' in expired and "<td>w-dead</td>" in expired
+    assert "<td>images</td><td>resize</td>" in expired and "<td>1/8</td>" in expired
+    assert re.search(r'<td class="lease-left">expired \d+:\d\d ago</td>', expired)
+    assert "<td>w-live</td>" in live
+    assert re.search(r'<td class="lease-left">\d+:\d\d</td>', live)  # about 10 minutes left
+    assert jobs_by_status(engine)["running"] == 2
+
+
+def test_the_running_list_is_limited_and_says_so(engine: Engine, client: Any) -> None:
+    queue = JobQueue(Job)
+    extra = RUNNING_SHOWN + 5
+    with engine.begin() as conn:
+        queue.enqueue_many(conn, [NewJob("long", {"n": n}) for n in range(extra)])
+    with engine.begin() as conn:
+        queue.claim(conn, worker_id="w-busy", batch=extra)
+    html = client.get("/").get_data(as_text=True)
+    assert len(running_rows(html)) == RUNNING_SHOWN
+    assert f"The {RUNNING_SHOWN} of {extra} whose lease ends first." in html
+    assert jobs_by_status(engine) == {"running": extra}
+
+
+def test_the_minutes_and_leases_behind_the_overview_follow_the_given_clock(
+    engine: Engine,
+) -> None:
+    """`throughput_by_minute` and `list_running_jobs` on a fake clock: exact minutes, an
+    exact time left, and a lease that expires as the clock moves on."""
+    noon = dt.datetime(2030, 1, 1, 12, 0, 30, tzinfo=dt.UTC)
+    finish_at(engine, noon - dt.timedelta(seconds=140), succeeded=2)  # 11:58:10
+    finish_at(engine, noon - dt.timedelta(seconds=40), failed=1)  # 11:59:50
+    finish_at(engine, noon + dt.timedelta(seconds=60), succeeded=4)  # 12:01:30, to come
+    clock = FakeClock(noon)
+    queue = JobQueue(Job, clock=clock)
+    with engine.begin() as conn:
+        queue.enqueue(conn, "long", {})
+        [held] = queue.claim(conn, worker_id="w1", kinds=["long"], batch=1, lease=60)
+    with engine.connect() as conn:
+        minutes = throughput_by_minute(conn, Job, minutes=3, clock=clock)
+        [running] = list_running_jobs(conn, Job, clock=clock)
+    shown = [(f"{m.minute.astimezone(dt.UTC):%H:%M}", m.succeeded, m.failed) for m in minutes]
+    assert shown == [("11:58", 2, 0), ("11:59", 0, 1), ("12:00", 0, 0)]
+    assert (running.id, running.worker_id, running.attempts) == (held.id, "w1", 1)
+    assert running.lease_left == dt.timedelta(seconds=60) and not running.expired
+    clock.advance(90)
+    with engine.connect() as conn:
+        [running] = list_running_jobs(conn, Job, clock=clock)
+        later = throughput_by_minute(conn, Job, minutes=2, clock=clock)  # 12:01 and 12:02
+    assert [(m.succeeded, m.failed) for m in later] == [(4, 0), (0, 0)]
+    assert running.lease_left == dt.timedelta(seconds=-30) and running.expired
+    assert jobs_by_status(engine) == {"succeeded": 6, "failed": 1, "running": 1}
 
 
 def test_the_jobs_list_filters_and_pages(engine: Engine, client: Any) -> None:
@@ -145,6 +258,20 @@ def test_an_xss_payload_in_last_error_renders_inert(engine: Engine, client: Any)
     assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
 
 
+def test_xss_payloads_in_the_running_list_render_inert(engine: Engine, client: Any) -> None:
+    queue = JobQueue(Job)
+    with engine.begin() as conn:
+        queue.enqueue(conn, "<script>alert(1)</script>", {}, queue="<img src=x onerror=alert(2)>")
+    with engine.begin() as conn:
+        queue.claim(conn, worker_id='"><svg onload=alert(3)>', batch=1)
+    html = client.get("/").get_data(as_text=True)
+    assert len(running_rows(html)) == 1
+    assert "<script>alert" not in html and "<img src=x" not in html and "<svg onload" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "&lt;img src=x onerror=alert(2)&gt;" in html
+    assert "&#34;&gt;&lt;svg onload=alert(3)&gt;" in html
+
+
 def test_retry_a_failed_job(engine: Engine, client: Any) -> None:
     scene = make_scene(engine)
     assert jobs_by_status(engine)["failed"] == 2
@@ -205,6 +332,12 @@ def test_retry_a_parked_event(engine: Engine, client: Any) -> None:
     response = client.post(f"/outbox/{scene.backlog}/retry", data={"csrf_token": token(client)})
     assert response.status_code == 409
     assert "is not parked; nothing retried" in response.get_data(as_text=True)
+    for unknown in (str(uuid.UUID(int=5)), "not-a-uuid"):
+        response = client.post(f"/outbox/{unknown}/retry", data={"csrf_token": token(client)})
+        assert response.status_code == 404
+        assert f"no event {unknown}" in response.get_data(as_text=True)
+    events = {row.id: row for row in event_rows(engine)}
+    assert len(events) == 2 and events[scene.backlog].parked_at is None
 
 
 def test_a_post_without_the_csrf_token_is_refused(engine: Engine, client: Any) -> None:

@@ -1,19 +1,25 @@
 """The dashboard in a real browser: Debian's chromium, driven by Selenium through
-/usr/bin/chromedriver (no browser download), against a live server on a free port."""
+/usr/bin/chromedriver (no browser download), against a live server on a free port. The run
+ends on the overview with half an hour of finished jobs and some running ones, and saves a
+screenshot of it (docs/img/dashboard-overview.png is a copy)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
-from sa_outbox import JobApp, JobQueue, Worker
+from sa_outbox import FakeClock, JobApp, JobQueue, Worker
+from sa_outbox.statements import NewJob
 
 from .conftest import Job, OutboxEvent
 from .helpers import job_row, jobs_by_status
+from .helpers_admin import database_now, finish_at
 
 pytest.importorskip("flask", reason="the dashboard needs Flask (the test extra has it)")
 pytest.importorskip("selenium", reason="the browser test needs Selenium (the test extra has it)")
@@ -24,6 +30,7 @@ from selenium.webdriver.common.by import By
 from werkzeug.serving import make_server
 
 from sa_outbox.dashboard import create_app
+from sa_outbox.dashboard._blueprint import CHART_MINUTES
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Where the screenshot of the run is kept (a test artefact; docs/img holds a copy).
@@ -83,6 +90,17 @@ def test_see_a_failed_job_and_retry_it_in_a_browser(
     row = browser.find_element(By.CSS_SELECTOR, f'tr.job[data-id="{job.id}"]')
     assert row.find_element(By.CSS_SELECTOR, "td.status").text == "failed"
     assert "SMTPError: 550 <b>refused</b>" in row.text  # shown as text, not markup
+
+    # The same button with the form's CSRF field taken out: the POST is refused.
+    browser.execute_script(
+        "document.querySelectorAll('input[name=csrf_token]').forEach(e => e.remove())"
+    )
+    row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    assert "CSRF token is missing or wrong" in browser.find_element(By.TAG_NAME, "body").text
+    assert jobs_by_status(engine) == {"failed": 1}
+
+    browser.get(f"{live_url}/jobs?status=failed")
+    row = browser.find_element(By.CSS_SELECTOR, f'tr.job[data-id="{job.id}"]')
     row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
 
     status = browser.find_element(By.ID, "col-status")
@@ -103,9 +121,74 @@ def test_see_a_failed_job_and_retry_it_in_a_browser(
     assert browser.find_element(By.ID, "col-status").text == "succeeded"
     browser.get(f"{live_url}/")
     assert browser.find_element(By.ID, "count-succeeded").text == "1"
+    assert jobs_by_status(engine) == {"succeeded": 1}
+
+    # Half an hour of work, and jobs running now, for the chart, the list and the screenshot.
+    finished = busy_half_hour(engine)
+    running = jobs_running_now(engine)
+    browser.set_window_size(1280, 1000)
+    browser.refresh()
+    chart = browser.find_element(By.ID, "throughput-chart")
+    assert chart.is_displayed()
+    assert len(chart.find_elements(By.CSS_SELECTOR, "g.minute")) == CHART_MINUTES
+    bars = len(chart.find_elements(By.CSS_SELECTOR, "rect.succeeded"))
+    numbers = browser.find_elements(By.CSS_SELECTOR, "#throughput-table td:nth-child(2)")
+    assert bars == len([n for n in numbers if n.get_attribute("textContent") != "0"])
+    assert len(numbers) == CHART_MINUTES and len(finished) <= bars <= len(finished) + 1
+    shown = browser.find_element(By.ID, "throughput-succeeded").text
+    assert shown == str(sum(ok for ok, _ in finished.values()) + 1)  # the retried job, too
+    assert browser.find_element(By.ID, "throughput-failed").text == str(
+        sum(bad for _, bad in finished.values())
+    )
+    listed = browser.find_element(By.ID, "running-jobs")
+    assert listed.is_displayed()
+    rows = listed.find_elements(By.CSS_SELECTOR, "tr.running-job")
+    assert [row.get_attribute("data-id") for row in rows] == [str(i) for i in running]
+    assert "expired" in (rows[0].get_attribute("class") or "")  # the expired lease leads, flagged
+    assert rows[0].find_element(By.CSS_SELECTOR, "td.lease-left").text.startswith("expired ")
+    rows[1].find_element(By.TAG_NAME, "a").click()  # a running job's detail
+    assert browser.find_element(By.ID, "col-status").text == "running"
+    assert browser.current_url == f"{live_url}/jobs/{running[1]}"
+    browser.back()
+
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTEFACTS / "dashboard-overview.png"
     browser.save_screenshot(str(shot))
     print(f"screenshot: {shot}")
     assert shot.stat().st_size > 0
-    assert jobs_by_status(engine) == {"succeeded": 1}
+    counts = jobs_by_status(engine)
+    assert counts["running"] == len(running)
+    assert counts["succeeded"] == 1 + sum(ok for ok, _ in finished.values())
+
+
+def busy_half_hour(engine: Engine) -> dict[int, tuple[int, int]]:
+    """Jobs finished in each of the last 28 minutes (``minutes ago -> (succeeded,
+    failed)``), a few more at some minutes, a failure now and then. 28, not 30: a minute
+    that turns before the page is read leaves them all in the chart."""
+    now = database_now(engine)
+    finished = {}
+    for ago in range(1, 29):
+        ok, bad = 6 + (ago * 7) % 11, (1 if ago % 5 == 0 else 0) + (3 if ago == 12 else 0)
+        finish_at(
+            engine, now - dt.timedelta(minutes=ago), succeeded=ok, failed=bad, kind="send-email"
+        )
+        finished[ago] = (ok, bad)
+    return finished
+
+
+def jobs_running_now(engine: Engine) -> list[uuid.UUID]:
+    """One job whose worker vanished (its lease ran out minutes ago) and three held by live
+    workers; their ids in the order the overview lists them, the soonest lease end first."""
+    gone = JobQueue(Job, clock=FakeClock(database_now(engine) - dt.timedelta(minutes=8)))
+    with engine.begin() as conn:
+        gone.enqueue(conn, "resize-image", {"n": 0})
+        [lost] = gone.claim(conn, worker_id="web-2:4107", batch=1, lease=60)
+    queue = JobQueue(Job)
+    with engine.begin() as conn:
+        queue.enqueue_many(conn, [NewJob("resize-image", {"n": n}) for n in range(1, 4)])
+    held = []
+    for n, worker in enumerate(("web-1:3312", "web-1:3312", "web-3:998")):
+        with engine.begin() as conn:
+            [job] = queue.claim(conn, worker_id=worker, batch=1, lease=120 * (n + 1))
+            held.append(job.id)
+    return [lost.id, *held]

@@ -42,6 +42,8 @@ from sqlalchemy.schema import CreateSchema, DropSchema
 
 from sa_outbox import JobMixin, OutboxMixin
 
+from .helpers import unset_tracer_provider
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 #: Pages whose code must not silently stop running (a typo in a fence would do that).
@@ -132,6 +134,8 @@ def run_page(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A real module, so that SQLAlchemy and dataclasses can resolve the page's annotations.
     page = types.ModuleType("docs_" + re.sub(r"\W", "_", path.stem))
     monkeypatch.setitem(sys.modules, page.__name__, page)
+    # A page may set OpenTelemetry's global tracer provider (once per process, otherwise).
+    unset_tracer_provider()
     try:
         for block in runnable:
             exec(block.compiled(), page.__dict__)
@@ -139,6 +143,7 @@ def run_page(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         for value in list(page.__dict__.values()):
             if isinstance(value, Engine):
                 value.dispose()
+        unset_tracer_provider()
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -115,6 +115,14 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="attempts before the job fails for good (default: %(default)s)",
     )
     enqueue.add_argument(
+        "--header",
+        metavar="NAME=VALUE",
+        type=header_pair,
+        action="append",
+        dest="headers",
+        help="a header of the job (repeat for more), e.g. --header tenant=acme",
+    )
+    enqueue.add_argument(
         "--json", action="store_true", help='print {"id": ..., "inserted": ...} instead'
     )
     _add_database_url(enqueue)
@@ -298,6 +306,23 @@ def json_payload(value: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {value!r}") from None
 
 
+def header_pair(value: str) -> tuple[str, str]:
+    """A ``--header`` given on the command line: ``NAME=VALUE`` (the value may hold ``=``).
+
+    Examples:
+        >>> header_pair("tenant=acme"), header_pair("q=a=b")
+        (('tenant', 'acme'), ('q', 'a=b'))
+        >>> header_pair("tenant")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: expected NAME=VALUE, got 'tenant'
+    """
+    name, sep, header_value = value.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {value!r}")
+    return name, header_value
+
+
 def aware_timestamp(value: str) -> dt.datetime:
     """An ISO 8601 time with its zone (``Z`` or ``+02:00``), as ``--run-at`` takes it.
 
@@ -358,6 +383,7 @@ def _enqueue(args: argparse.Namespace) -> int:
                 delay=args.delay,
                 max_attempts=args.max_attempts,
                 deduplication_key=args.dedup_key,
+                headers=None if not args.headers else dict(args.headers),
             )
     except DBAPIError as exc:
         raise _database_error(url, exc) from exc
@@ -418,7 +444,8 @@ def _show(args: argparse.Namespace) -> int:
         found = get_job(conn, jobs, args.id)
     if found is None:
         raise CommandError(f"no job {args.id} in {jobs.fullname}")
-    print(as_json(found) if args.json else format_record(found, long=("payload", "last_error")))
+    long = ("payload", "headers", "last_error")
+    print(as_json(found) if args.json else format_record(found, long=long))
     return 0
 
 

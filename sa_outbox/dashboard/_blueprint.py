@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, Response, make_response, redirect, render_template, request, url_for
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from werkzeug.wrappers import Response as BaseResponse
 
 from .. import statements as st
@@ -18,17 +19,24 @@ from ..queue import (
     get_event,
     get_job,
     list_events,
+    list_running_jobs,
     queue_status,
     retry_failed,
     retry_parked,
+    throughput_by_minute,
 )
 from ..schema import JobStatus
+from ._chart import throughput_chart
 from ._csrf import CSRF_COOKIE, CSRF_FIELD, csrf_ok, token_of
 
 __all__ = ["CSRF_COOKIE", "dashboard_blueprint"]
 
 #: Jobs per page of the jobs list.
 PAGE_SIZE = 50
+#: Minutes the overview's throughput chart covers.
+CHART_MINUTES = 30
+#: Running jobs the overview lists (the soonest lease end first).
+RUNNING_SHOWN = 50
 _STATUSES = tuple(str(s) for s in JobStatus)
 
 
@@ -43,6 +51,25 @@ def _uuid(value: str) -> uuid.UUID | None:
         return uuid.UUID(value)
     except ValueError:
         return None
+
+
+def lease_text(left: dt.timedelta | None) -> str:
+    """A lease's time left as the overview shows it: ``m:ss`` (``h:mm:ss`` from an hour), or
+    how long ago it expired.
+
+    Examples:
+        >>> lease_text(dt.timedelta(seconds=299.6)), lease_text(dt.timedelta(hours=2))
+        ('4:59', '2:00:00')
+        >>> lease_text(dt.timedelta(seconds=-61)), lease_text(None)
+        ('expired 1:01 ago', '')
+    """
+    if left is None:
+        return ""
+    seconds = int(left.total_seconds())
+    hours, rest = divmod(abs(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    shown = f"{hours}:{minutes:02}:{secs:02}" if hours else f"{minutes}:{secs:02}"
+    return f"expired {shown} ago" if left < dt.timedelta(0) else shown
 
 
 def dashboard_blueprint(
@@ -127,10 +154,19 @@ def dashboard_blueprint(
 
     @bp.get("/")
     def overview() -> str:
-        with get_engine().connect() as conn:
+        with get_engine().connect() as conn:  # one transaction: one now() for every part
             status = queue_status(conn, jobs=jobs, outbox=outbox)
+            minutes = throughput_by_minute(conn, jobs, minutes=CHART_MINUTES)
+            running = list_running_jobs(conn, jobs, limit=RUNNING_SHOWN)
             parked = [] if outbox is None else list_events(conn, outbox, parked=True)
-        return render("overview.html", status=status, parked=parked)
+        return render(
+            "overview.html",
+            status=status,
+            chart=throughput_chart(minutes),
+            running=running,
+            lease_text=lease_text,
+            parked=parked,
+        )
 
     @bp.get("/jobs")
     def job_list() -> str | Response:
@@ -171,17 +207,32 @@ def dashboard_blueprint(
             return _page(f"no job {job_id}", 404)
         return render("job.html", job=found)
 
-    @bp.post("/jobs/<job_id>/retry")
-    def retry_job(job_id: str) -> BaseResponse:
-        wanted = _uuid(job_id)
+    def retry_one(
+        raw_id: str,
+        noun: str,
+        retry: Callable[[Connection, uuid.UUID], object],
+        then: Callable[[uuid.UUID], str],
+    ) -> BaseResponse:
+        """Retry the job or event ``raw_id`` (all or nothing), then go to ``then(id)``; an
+        unknown id is a 404 page, one that cannot be retried (not failed, not parked) a 409."""
+        wanted = _uuid(raw_id)
         if wanted is None:
-            return _page(f"no job {job_id}", 404)
+            return _page(f"no {noun} {raw_id}", 404)
         try:
             with get_engine().begin() as conn:
-                retry_failed(conn, jobs, ids=[wanted])
-        except InvalidArgument as exc:
-            return _page(str(exc), 404 if str(exc).startswith("no job") else 409)
-        return redirect(url_for(f"{name}.job_detail", job_id=str(wanted)))
+                retry(conn, wanted)
+        except InvalidArgument as exc:  # the library says "no job …" / "no event …" if unknown
+            return _page(str(exc), 404 if str(exc).startswith(f"no {noun} ") else 409)
+        return redirect(then(wanted))
+
+    @bp.post("/jobs/<job_id>/retry")
+    def retry_job(job_id: str) -> BaseResponse:
+        return retry_one(
+            job_id,
+            "job",
+            lambda conn, wanted: retry_failed(conn, jobs, ids=[wanted]),
+            lambda wanted: url_for(f"{name}.job_detail", job_id=str(wanted)),
+        )
 
     @bp.post("/jobs/retry-failed")
     def retry_all_failed() -> BaseResponse:
@@ -214,14 +265,13 @@ def dashboard_blueprint(
 
     @bp.post("/outbox/<event_id>/retry")
     def retry_event(event_id: str) -> BaseResponse:
-        wanted = _uuid(event_id)
-        if wanted is None or outbox is None:
+        if outbox is None:
             return _page(f"no outbox event {event_id}", 404)
-        try:
-            with get_engine().begin() as conn:
-                retry_parked(conn, outbox, ids=[wanted])
-        except InvalidArgument as exc:
-            return _page(str(exc), 404 if str(exc).startswith("no event") else 409)
-        return redirect(url_for(f"{name}.overview"))
+        return retry_one(
+            event_id,
+            "event",
+            lambda conn, wanted: retry_parked(conn, outbox, ids=[wanted]),
+            lambda _: url_for(f"{name}.overview"),
+        )
 
     return bp

@@ -21,6 +21,7 @@ from ..schema._event_types import (
     _RECORDED,
     EventSpec,
     UnknownEventType,
+    added_trace,
     event_types,
     is_domain_event,
     mark_added,
@@ -66,7 +67,9 @@ def event_row(event: Any, *, provisional: bool = False) -> NewEvent:
     mark_added(event)
     recorded: dt.datetime = getattr(event, _RECORDED)
     event_id = event.id if isinstance(getattr(event, "id", None), uuid.UUID) else None
-    headers: dict[str, Any] = {"recorded_at": recorded.isoformat()}
+    # The trace context current when the event was added (docs/tracing.md), if any.
+    headers: dict[str, Any] = dict(added_trace(event) or {})
+    headers["recorded_at"] = recorded.isoformat()
     if event_id is not None:
         headers["message_id"] = str(event_id)
     return NewEvent(

@@ -18,7 +18,7 @@ savepoints included.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, overload
 
 from sqlalchemy import Connection, Engine, Executable, event, inspect
@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, UOWTransaction, scoped_session, sessionmaker
 
 from .._exceptions import InvalidArgument, InvalidArgumentType, SaOutboxError
 from .._ids import uuid7
+from .._tracing import current_trace_headers
 from ..queue._job_queue import AsyncJobQueue, JobQueue
 from ..queue._results import EnqueueResult
 from ..schema import JobMixin, OutboxMixin, resolve_table
@@ -117,7 +118,15 @@ def _by_table(events: list[Any]) -> Iterator[tuple[type, list[Any]]]:
 
 
 @event.listens_for(OutboxMixin, "before_insert", propagate=True)
-def _refuse_unhooked(mapper: Any, connection: Connection, target: object) -> None:
+def _before_insert(mapper: Any, connection: Connection, target: Any) -> None:
+    # A plain outbox row the ORM inserts (session.add(OutboxEvent(...))): the current trace
+    # context joins its headers, under those set on it.
+    if not is_domain_event(target):
+        trace = current_trace_headers()
+        own = target.headers
+        if trace is not None and (own is None or isinstance(own, Mapping)):
+            target.headers = {**trace, **(own or {})}
+        return
     # With the hooks installed, events never reach the ORM's INSERT: they are taken out in
     # before_flush. Reaching here means this session has no hooks.
     if is_domain_event(target):
@@ -269,6 +278,7 @@ def enqueue(
     delay: dt.timedelta | float | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> EnqueueResult: ...
 
 
@@ -285,6 +295,7 @@ def enqueue(
     delay: dt.timedelta | float | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Awaitable[EnqueueResult]: ...
 
 
@@ -300,6 +311,7 @@ def enqueue(
     delay: dt.timedelta | float | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> EnqueueResult | Awaitable[EnqueueResult]:
     """Add a job in the session's transaction; ``await`` it on an ``AsyncSession``.
 
@@ -307,7 +319,8 @@ def enqueue(
     transaction goes on, and the result says ``inserted=False``. The job model is ``model``,
     else the one given to `install`, else the only `JobMixin` model the application maps.
     Given an `Engine` (``AsyncEngine``) instead, the job is one autocommit ``INSERT`` of its
-    own, committed when this returns (`JobQueue.enqueue`).
+    own, committed when this returns (`JobQueue.enqueue`). ``headers`` and the current
+    trace context travel with the job as `JobQueue.enqueue` says (docs/tracing.md).
 
     Examples:
         with Session(engine) as session, session.begin():
@@ -324,6 +337,7 @@ def enqueue(
         "delay": delay,
         "max_attempts": max_attempts,
         "deduplication_key": deduplication_key,
+        "headers": headers,
     }
     # AsyncSession has a sync_session; AsyncConnection and AsyncEngine have a sync_engine.
     if hasattr(session, "sync_session") or hasattr(session, "sync_engine"):

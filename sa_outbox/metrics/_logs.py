@@ -20,7 +20,8 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
 class JsonFormatter(logging.Formatter):
     """Format each record as one JSON line: ``time``, ``level``, ``logger``, ``message``,
     then the record's ``extra=`` fields (a job's outcome line carries ``job_id``, ``kind``,
-    ``queue``, ``attempt``, ``lease_token``, ``outcome``, ``duration`` and ``error``).
+    ``queue``, ``attempt``, ``lease_token``, ``outcome``, ``duration`` and ``error``, and
+    ``trace_id`` when the job carries a trace context).
 
     Examples:
         >>> record = logging.LogRecord("sa_outbox.worker", logging.INFO, "", 0,

@@ -7,7 +7,9 @@ request carries:
 - ``Idempotency-Key``: the outbox row's id, the same on every retry;
 - ``X-Outbox-Signature: sha256=<hex>``: the HMAC-SHA256 of the body under ``secret`` (when
   one is given), which the receiver recomputes to know the request is yours;
-- ``X-Outbox-Event-Type`` and ``Content-Type: application/json``, plus ``headers``.
+- ``X-Outbox-Event-Type`` and ``Content-Type: application/json``, plus ``headers``;
+- ``traceparent`` and ``tracestate`` when the event carries a trace context (W3C Trace
+  Context, which HTTP servers' tracing reads; docs/tracing.md).
 
 Only a 2xx answer counts as published. Redirects are not followed (a 3xx rejects the
 event, like 4xx and other 5xx answers); 408, 429, 502, 503 and 504 — the server saying it
@@ -38,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 import httpx
 
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._tracing import TRACE_FIELDS
 from .._validation import count
 from .._wire import (
     WEBHOOK_EVENT_TYPE_HEADER,
@@ -159,6 +162,10 @@ class WebhookPublisher:
             self._idempotency_header: str(event.id),
             WEBHOOK_EVENT_TYPE_HEADER: event.event_type,
         }
+        for name in TRACE_FIELDS:  # the relay's publish span, for the receiver to continue
+            value = (event.headers or {}).get(name)
+            if isinstance(value, str):
+                headers[name] = value
         if self._secret is not None:
             headers[self._signature_header] = sign(self._secret, body)
         return self._url_of(event), body, headers

@@ -10,8 +10,9 @@ the runtimes (worker, relay, maintenance) nor the integrations, which build on t
 - ``_control``: `QueueControl` / `AsyncQueueControl`, pausing and resuming queues;
 - ``_inbox``: `Inbox` / `AsyncInbox`, a consumer's de-duplication in its own transaction;
 - ``_copy``: bulk enqueue through ``COPY``; ``_results``: the typed result records;
-- ``_inspect``: `queue_status`, listings of jobs and events, `queue_depths`, and the
-  retries by hand (`retry_failed`, `retry_parked`) the CLI and a dashboard share.
+- ``_inspect``: `queue_status`, listings of jobs (running ones with their leases) and
+  events, `queue_depths`, `throughput_by_minute`, and the retries by hand
+  (`retry_failed`, `retry_parked`) the CLI and a dashboard share.
 
 Examples:
     >>> from sqlalchemy.orm import DeclarativeBase
@@ -33,6 +34,8 @@ from ._inspect import (
     OutboxStatus,
     QueueDepth,
     QueueStatus,
+    RunningJob,
+    ThroughputMinute,
     WorkerJobs,
     as_plain,
     get_event,
@@ -40,11 +43,13 @@ from ._inspect import (
     kind_exists,
     list_events,
     list_jobs,
+    list_running_jobs,
     queue_depths,
     queue_exists,
     queue_status,
     retry_failed,
     retry_parked,
+    throughput_by_minute,
 )
 from ._job_queue import AsyncJobQueue, JobQueue
 from ._outbox import AsyncOutbox, Outbox
@@ -87,6 +92,8 @@ __all__ = [
     "ReclaimedJob",
     "RejectedEvent",
     "RetryResult",
+    "RunningJob",
+    "ThroughputMinute",
     "WorkerJobs",
     "as_plain",
     "get_event",
@@ -94,9 +101,11 @@ __all__ = [
     "kind_exists",
     "list_events",
     "list_jobs",
+    "list_running_jobs",
     "queue_depths",
     "queue_exists",
     "queue_status",
     "retry_failed",
     "retry_parked",
+    "throughput_by_minute",
 ]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Table, select
@@ -46,7 +46,8 @@ from .._exceptions import InvalidArgument, InvalidArgumentType, PayloadNotSerial
 from .._ids import uuid7_hex
 from .._json import DEEP_TEXT, MAX_DEPTH, prebuilt_encoder
 from ..statements._common import Dumps, now_of, refuse_unstorable
-from ..statements._job_enqueue import NewJob, _check, _plain
+from ..statements._job_enqueue import NewJob, _check, _plain, has_headers
+from ..statements._job_headers import job_headers_text
 
 if TYPE_CHECKING:
     from ._executors import AsyncConn, SyncConn
@@ -55,6 +56,8 @@ __all__ = ["CopyPlan", "copy_jobs_async", "copy_jobs_sync", "plan_copy"]
 
 _MAX_INT = 2**31 - 1
 _COLUMNS = "id, queue, kind, payload, status, priority, max_attempts"
+_HEADERS_COLUMN = ", headers"
+_NULL = "\\N"  # COPY's text format for NULL
 _TIME_COLUMNS = ", run_at, created_at, updated_at"
 _FIELDS = ("id", "queue", "kind", "payload")  # the text fields of a line, in COPY's order
 _When = tuple["dt.datetime | None", "dt.timedelta | None"]
@@ -129,10 +132,14 @@ def plan_copy(
     max_payload_bytes: int,
     quote_table: str,
     ids: list[str] | None = None,
+    headers: bool = False,
+    trace_headers: Mapping[str, str] | None = None,
 ) -> CopyPlan:
     """Check every job (raising ``jobs[i]: …``) and build the ``COPY`` and its rows; no I/O.
 
     Ids are UUIDv7 in input order (``ids``, 32 hex digits each, replace them in tests).
+    ``headers``: the table has the ``headers`` column, which the rows then fill: each job's
+    own headers over ``trace_headers``, or NULL (without it, a job with headers is refused).
 
     The usual job — exactly a `NewJob`, str names and int fields that need no escaping,
     no run_at, delay or deduplication key, a payload that serialises to a str short
@@ -176,6 +183,11 @@ def plan_copy(
     priority: Any = _UNSET
     attempts: Any = _UNSET
     head = tail = ""
+    trace = trace_headers if headers else None
+    # A usual job's headers: the trace context alone, the same on every line.
+    end = ""
+    if headers:
+        end = "\t" + (_NULL if not trace else _escaped(job_headers_text(None, trace, "jobs") or ""))
     for job_id, job in zip(ids, jobs, strict=True):
         try:
             if not (
@@ -187,13 +199,17 @@ def plan_copy(
                 and job.run_at is None
                 and job.delay is None
                 and job.deduplication_key is None
+                and job.headers is None
             ):
                 if not _usual(job):
-                    times = _append_checked(job, job_id, dumps, max_payload_bytes, lines, times)
+                    times = _append_checked(
+                        job, job_id, dumps, max_payload_bytes, lines, times, headers, trace
+                    )
                     continue
                 kind, queue = job.kind, job.queue
                 priority, attempts = job.priority, job.max_attempts
-                head, tail = f"\t{queue}\t{kind}\t", f"\tpending\t{priority}\t{attempts}"
+                head = f"\t{queue}\t{kind}\t"
+                tail = f"\tpending\t{priority}\t{attempts}{end}"
             payload: Any
             try:
                 payload = (
@@ -202,7 +218,9 @@ def plan_copy(
             except (TypeError, ValueError, RecursionError):
                 payload = None  # _check says what is wrong with it
             if type(payload) is not str or len(payload) > fits:  # _check says what is wrong
-                times = _append_checked(job, job_id, dumps, max_payload_bytes, lines, times)
+                times = _append_checked(
+                    job, job_id, dumps, max_payload_bytes, lines, times, headers, trace
+                )
                 continue
             if (  # `may_be_unstorable_utf8`, inline (the whole stream's encoding is checked)
                 "\\u" in payload
@@ -230,7 +248,9 @@ def plan_copy(
         body = text.encode()
     except UnicodeEncodeError as exc:  # a lone surrogate: psycopg would fail mid-COPY
         raise _not_utf8(text, exc, jobs, dumps, max_payload_bytes) from exc
-    columns = f"{_COLUMNS}{_TIME_COLUMNS}" if timed or times is not None else _COLUMNS
+    columns = _COLUMNS + (_HEADERS_COLUMN if headers else "")
+    if timed or times is not None:
+        columns += _TIME_COLUMNS
     return CopyPlan(
         f"COPY {quote_table} ({columns}) FROM STDIN",
         lines,
@@ -247,22 +267,32 @@ def _append_checked(
     max_payload_bytes: int,
     lines: list[str],
     times: list[_When] | None,
+    headers: bool = False,
+    trace: Mapping[str, str] | None = None,
 ) -> list[_When] | None:
     """Check ``job`` as `enqueue_jobs` does, append its line; returns ``times``."""
     if not isinstance(job, NewJob):
         raise InvalidArgumentType(f"must be a NewJob, got {type(job).__name__}")
-    checked = _check(job, dumps, max_payload_bytes, _NO_ID)
+    checked = _check(job, dumps, max_payload_bytes, _NO_ID, trace)
     if checked.deduplication_key is not None:
         raise InvalidArgument(
             f"has deduplication_key {checked.deduplication_key!r}: COPY cannot skip a key "
             "already taken (no ON CONFLICT); enqueue deduplicated jobs with enqueue_many, "
             "which also tells which ones were inserted"
         )
-    lines.append(
+    if not headers and job.headers is not None:
+        raise InvalidArgument(
+            "has headers, but the job table has no headers column: add it with a migration "
+            "(alembic revision --autogenerate, see docs/upgrading.md)"
+        )
+    line = (
         f"{job_id}\t{_escaped(checked.queue)}\t{_escaped(checked.kind)}\t"
         f"{_escaped(checked.payload)}\tpending\t{int(checked.priority)}\t"
         f"{int(checked.max_attempts)}"
     )
+    if headers:
+        line += "\t" + (_NULL if checked.headers is None else _escaped(checked.headers))
+    lines.append(line)
     if times is None and (checked.run_at is not None or checked.delay is not None):
         times = [_NO_WHEN] * (len(lines) - 1)
     if times is not None:
@@ -303,6 +333,7 @@ def copy_jobs_sync(
     table: Table,
     jobs: Iterable[NewJob],
     *,
+    trace_headers: Mapping[str, str] | None = None,
     clock: Clock | None,
     dumps: Dumps,
     max_payload_bytes: int,
@@ -323,6 +354,8 @@ def copy_jobs_sync(
         dumps=dumps,
         max_payload_bytes=max_payload_bytes,
         quote_table=connection.dialect.identifier_preparer.format_table(table),
+        headers=has_headers(table),
+        trace_headers=trace_headers,
     )
     if not connection.in_transaction():
         connection.begin()  # what execute() would do: the caller commits or rolls back
@@ -341,6 +374,7 @@ async def copy_jobs_async(
     table: Table,
     jobs: Iterable[NewJob],
     *,
+    trace_headers: Mapping[str, str] | None = None,
     clock: Clock | None,
     dumps: Dumps,
     max_payload_bytes: int,
@@ -363,6 +397,8 @@ async def copy_jobs_async(
         dumps=dumps,
         max_payload_bytes=max_payload_bytes,
         quote_table=connection.dialect.identifier_preparer.format_table(table),
+        headers=has_headers(table),
+        trace_headers=trace_headers,
     )
     if not connection.in_transaction():
         await connection.begin()

@@ -23,11 +23,13 @@ from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import LeaseLost
 from .._json import fast_compact_json
-from .._validation import count
+from .._tracing import current_trace_headers
+from .._validation import count, name_filter
 from ..schema import JobStatus, resolve_table
 from ..statements._common import Dumps, id_token_pairs
 from ..statements._job_cancel import job_ids
 from ..statements._job_claim import COMPLETION_IDS, COMPLETION_TOKENS
+from ..statements._job_enqueue import has_headers, no_headers_column
 from ._cursor import NOT_RUN, DriverInsert
 from ._results import (
     BatchResult,
@@ -169,20 +171,33 @@ class _JobOps:
         max_payload_bytes: int,
     ) -> None:
         self.table = resolve_table(model)
+        self.has_headers = has_headers(self.table)
         self.clock = clock
         self.backoff = backoff or st.DEFAULT_BACKOFF
         self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
         self._enqueue: tuple[Executable, dict[str, Any] | None] | None = None
         self._driver_insert: DriverInsert | None = None
         self._claims: dict[tuple[Any, ...], Executable] = {}
+        self._locks: dict[st.ClaimLimits, Executable] = {}
         self._completion: Executable | None = None
         self._complete_claims: dict[tuple[Any, ...], Executable] = {}
 
     def enqueue_values(self, kind: str, payload: Any, options: dict[str, Any]) -> dict[str, Any]:
-        """The job's checked values (the payload serialised): bad input raises here."""
-        return st.enqueue_job_values(
-            kind, payload, dumps=self.dumps, max_payload_bytes=self.max_payload_bytes, **options
+        """The job's checked values (the payload and headers serialised, the current trace
+        context among the headers): bad input raises here."""
+        values = st.enqueue_job_values(
+            kind,
+            payload,
+            trace_headers=current_trace_headers(),
+            dumps=self.dumps,
+            max_payload_bytes=self.max_payload_bytes,
+            **options,
         )
+        if values["job_headers"] is not None and not self.has_headers:
+            if options.get("headers") is not None:
+                raise no_headers_column(self.table)
+            values["job_headers"] = None  # a table not migrated yet: the trace is dropped
+        return values
 
     def enqueue_on_cursor(self, conn: SyncConn | Engine, values: dict[str, Any]) -> Any:
         """The enqueue on the driver's cursor (`DriverInsert`): an `EnqueueResult`, or
@@ -218,10 +233,15 @@ class _JobOps:
         stmt, bind_arguments = self._enqueue
         return (stmt, values) if bind_arguments is None else (stmt, values, bind_arguments)
 
-    def enqueue_many(self, jobs: Iterable[st.NewJob]) -> Op[list[EnqueueResult]]:
+    def enqueue_many(
+        self, jobs: Iterable[st.NewJob], *, trace: bool = True
+    ) -> Op[list[EnqueueResult]]:
+        """``trace=False``: the current trace context is not the jobs' (periodic jobs, and
+        follow-up jobs, which took theirs when the handler enqueued them)."""
         stmt, ids = st.enqueue_jobs(
             self.table,
             jobs,
+            trace_headers=current_trace_headers() if trace else None,
             clock=self.clock,
             dumps=self.dumps,
             max_payload_bytes=self.max_payload_bytes,
@@ -233,12 +253,32 @@ class _JobOps:
         return [EnqueueResult(id=i, inserted=True) if i in inserted else _NOT_INSERTED for i in ids]
 
     def claim(self, options: dict[str, Any]) -> Op[list[ClaimedJob]]:
+        lock = self._limits_lock(options)
+        if lock is not None:
+            yield lock
         rows = (yield self._claim_statement(options)).all()
         # The claim returns ClaimedJob's fields in their order (st.claim_jobs' RETURNING).
         jobs = [ClaimedJob(*row) for row in rows]
         # RETURNING has no order of its own: hand jobs out in the claim's order.
         jobs.sort(key=_claim_order)
         return jobs
+
+    def _limits_lock(self, options: dict[str, Any]) -> Executable | None:
+        """`st.lock_claim_limits` for the limits this claim touches (``None``: none)."""
+        limits = options.get("limits")
+        if limits is None:
+            return None
+        if not isinstance(limits, st.ClaimLimits):
+            return None  # claim_jobs says what is wrong with it
+        applied = limits.applying(
+            name_filter(options.get("queues"), "queues"), name_filter(options.get("kinds"), "kinds")
+        )
+        if applied is None:
+            return None
+        lock = self._locks.get(applied)
+        if lock is None:
+            lock = self._locks[applied] = st.lock_claim_limits(self.table, applied)
+        return lock
 
     def _claim_statement(self, options: dict[str, Any]) -> Executable:
         # A worker claims with the same options again and again: with the database's clock
@@ -266,10 +306,10 @@ class _JobOps:
         done: set[Pair] = set()
         jobs: list[ClaimedJob] = []
         for row in rows:
-            if row[13]:  # acked: (id, token) of a completed pair
+            if row[14]:  # acked: (id, token) of a completed pair
                 done.add((row[0], row[9]))
             else:
-                jobs.append(ClaimedJob(*row[:13]))
+                jobs.append(ClaimedJob(*row[:14]))
         jobs.sort(key=_claim_order)
         return done, jobs
 

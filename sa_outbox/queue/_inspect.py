@@ -39,6 +39,8 @@ __all__ = [
     "OutboxStatus",
     "QueueDepth",
     "QueueStatus",
+    "RunningJob",
+    "ThroughputMinute",
     "WorkerJobs",
     "as_plain",
     "get_event",
@@ -46,11 +48,13 @@ __all__ = [
     "kind_exists",
     "list_events",
     "list_jobs",
+    "list_running_jobs",
     "queue_depths",
     "queue_exists",
     "queue_status",
     "retry_failed",
     "retry_parked",
+    "throughput_by_minute",
 ]
 
 
@@ -472,6 +476,83 @@ def queue_depths(
         QueueDepth(name, counts.get(name, {}), *done.get(name, (0, 0)), window, name in paused)
         for name in sorted(counts.keys() | done.keys() | paused)
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class ThroughputMinute:
+    """The jobs that finished in one minute (``minute`` is its start), by outcome.
+
+    Examples:
+        >>> ThroughputMinute(dt.datetime(2030, 1, 1, 12, 5, tzinfo=dt.UTC), 40, 2).finished
+        42
+    """
+
+    minute: dt.datetime
+    succeeded: int
+    failed: int
+
+    @property
+    def finished(self) -> int:
+        """Succeeded and failed together."""
+        return self.succeeded + self.failed
+
+
+def throughput_by_minute(
+    conn: Connection, jobs: object, *, minutes: int = 30, clock: Clock | None = None
+) -> list[ThroughputMinute]:
+    """The jobs finished in each of the last ``minutes`` minutes, oldest first, one entry
+    per minute (zeros included); the last is the minute now is in (`job_throughput_by_minute`).
+
+    Examples:
+        with engine.connect() as conn:
+            for m in throughput_by_minute(conn, Job, minutes=10):
+                print(m.minute.strftime("%H:%M"), m.succeeded, m.failed)
+    """
+    stmt = st.job_throughput_by_minute(jobs, minutes=minutes, clock=clock)
+    return [ThroughputMinute(*row) for row in conn.execute(stmt)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningJob:
+    """A ``running`` job and its lease, as `list_running_jobs` shows it.
+
+    ``lease_left`` is how long its lease still runs, negative once it expired.
+
+    Examples:
+        >>> job = RunningJob(uuid.UUID(int=1), "default", "ping", "w1", 1, 8, None,
+        ...                  dt.timedelta(seconds=-5))
+        >>> job.expired
+        True
+    """
+
+    id: uuid.UUID
+    queue: str
+    kind: str
+    worker_id: str | None
+    attempts: int
+    max_attempts: int
+    lease_until: dt.datetime | None
+    lease_left: dt.timedelta | None
+
+    @property
+    def expired(self) -> bool:
+        """Whether the lease has run out (the reclaimer will take the job)."""
+        return self.lease_left is not None and self.lease_left < dt.timedelta(0)
+
+
+def list_running_jobs(
+    conn: Connection, jobs: object, *, limit: int = 50, clock: Clock | None = None
+) -> list[RunningJob]:
+    """Up to ``limit`` running jobs, the soonest lease end first, so expired leases lead
+    (`select_running_jobs`: an index walk, cheap on a large table).
+
+    Examples:
+        with engine.connect() as conn:
+            for job in list_running_jobs(conn, Job, limit=20):
+                print(job.id, job.worker_id, job.lease_left, job.expired)
+    """
+    stmt = st.select_running_jobs(jobs, limit=limit, clock=clock)
+    return [RunningJob(*row) for row in conn.execute(stmt)]
 
 
 @dataclasses.dataclass(frozen=True)

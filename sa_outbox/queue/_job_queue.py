@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine, Table
@@ -12,6 +12,7 @@ from sqlalchemy import Engine, Table
 from .. import statements as st
 from .._backoff import Backoff
 from .._clock import Clock
+from .._tracing import current_trace_headers
 from ..schema import JobStatus
 from ..statements._common import Dumps
 from ._copy import copy_jobs_async, copy_jobs_sync
@@ -103,12 +104,17 @@ class JobQueue(_Base):
         delay: dt.timedelta | float | None = None,
         max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> EnqueueResult:
         """Add one job; ``inserted`` is False when its deduplication key is already taken.
 
         On a `Connection` or `Session` the job joins the caller's transaction and commits
         with it. Given the `Engine` itself, it is one autocommit ``INSERT``: one round trip,
         committed when this returns (for a producer with no transaction of its own).
+
+        ``headers`` (str to str, at most `MAX_HEADERS_BYTES` as JSON) travel with the job
+        (`JobContext.headers`); with OpenTelemetry installed, the current trace context joins
+        them, so the worker's span of the job continues the caller's trace (docs/tracing.md).
 
         Examples:
             queue.enqueue(conn, "index-book", {"book_id": 7},
@@ -123,6 +129,7 @@ class JobQueue(_Base):
             "delay": delay,
             "max_attempts": max_attempts,
             "deduplication_key": deduplication_key,
+            "headers": headers,
         }
         values = self._ops.enqueue_values(kind, payload, options)
         result = self._ops.enqueue_on_cursor(conn, values)
@@ -136,6 +143,9 @@ class JobQueue(_Base):
     def enqueue_many(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
         """Add many jobs in one statement; results come in input order.
 
+        Each `NewJob` may have ``headers`` of its own; the current trace context (with
+        OpenTelemetry installed) joins them, under them.
+
         Examples:
             queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])
         """
@@ -147,7 +157,8 @@ class JobQueue(_Base):
         For large batches without deduplication keys (a job with one is refused: COPY has no
         ON CONFLICT; use `enqueue_many`). Every job is checked before any row is sent, ids
         follow input order, nothing commits here, and workers are notified once at commit.
-        Needs the psycopg (3) driver. See docs/worker.md, "Enqueueing many jobs".
+        Needs the psycopg (3) driver. See docs/worker.md, "Enqueueing many jobs". As with
+        `enqueue_many`, the current trace context joins every job's headers.
 
         Examples:
             queue.enqueue_copy(conn, [NewJob("resize", {"image": n}) for n in range(1000)])
@@ -158,6 +169,7 @@ class JobQueue(_Base):
             conn,
             ops.table,
             jobs,
+            trace_headers=current_trace_headers(),
             clock=ops.clock,
             dumps=ops.dumps,
             max_payload_bytes=ops.max_payload_bytes,
@@ -172,8 +184,14 @@ class JobQueue(_Base):
         lease: dt.timedelta | float = st.DEFAULT_LEASE,
         queues: str | Sequence[str] | None = None,
         kinds: str | Sequence[str] | None = None,
+        limits: st.ClaimLimits | None = None,
     ) -> list[ClaimedJob]:
         """Claim up to ``batch`` ready jobs (commit right after, then run them).
+
+        ``limits`` (`sa_outbox.statements.ClaimLimits`, e.g. a `JobApp`'s ``limits``): the
+        claim first takes the limits' lock (`sa_outbox.statements.lock_claim_limits`), then
+        claims no more than they allow; ``conn`` must be in a transaction, committed right
+        after, for the lock to serialise the claims.
 
         Examples:
             jobs = queue.claim(conn, worker_id="w1", batch=20)
@@ -185,6 +203,8 @@ class JobQueue(_Base):
             "queues": queues,
             "kinds": kinds,
         }
+        if limits is not None:
+            options["limits"] = limits
         return _drive(conn, self._ops.claim(options))
 
     def heartbeat(
@@ -371,6 +391,7 @@ class AsyncJobQueue(_Base):
         delay: dt.timedelta | float | None = None,
         max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> EnqueueResult:
         """See `JobQueue.enqueue`; given the `AsyncEngine`, one autocommit ``INSERT``.
 
@@ -384,6 +405,7 @@ class AsyncJobQueue(_Base):
             "delay": delay,
             "max_attempts": max_attempts,
             "deduplication_key": deduplication_key,
+            "headers": headers,
         }
         op = self._ops.enqueue(self._ops.enqueue_values(kind, payload, options))
         if is_async_engine(conn):
@@ -401,6 +423,7 @@ class AsyncJobQueue(_Base):
             conn,
             ops.table,
             jobs,
+            trace_headers=current_trace_headers(),
             clock=ops.clock,
             dumps=ops.dumps,
             max_payload_bytes=ops.max_payload_bytes,
@@ -415,6 +438,7 @@ class AsyncJobQueue(_Base):
         lease: dt.timedelta | float = st.DEFAULT_LEASE,
         queues: str | Sequence[str] | None = None,
         kinds: str | Sequence[str] | None = None,
+        limits: st.ClaimLimits | None = None,
     ) -> list[ClaimedJob]:
         """See `JobQueue.claim`."""
         options = {
@@ -424,6 +448,8 @@ class AsyncJobQueue(_Base):
             "queues": queues,
             "kinds": kinds,
         }
+        if limits is not None:
+            options["limits"] = limits
         return await _adrive(conn, self._ops.claim(options))
 
     async def heartbeat(

@@ -13,6 +13,7 @@ from .. import statements as st
 from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import LeaseLost
+from .._tracing import current_trace_headers
 from ..schema import resolve_table
 from ..statements._common import Dumps
 from ._executors import Op, SyncConn, _adrive, _batch, _drive, _payload_options
@@ -42,6 +43,11 @@ class _OutboxOps:
         self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
 
     def append(self, options: dict[str, Any]) -> Op[uuid.UUID]:
+        trace = current_trace_headers()
+        headers = options["headers"]
+        if trace is not None and (headers is None or isinstance(headers, Mapping)):
+            # The current trace context joins the event's headers, under its own.
+            options = {**options, "headers": {**trace, **(headers or {})}}
         stmt = st.append_event(
             self.table,
             clock=self.clock,
@@ -188,6 +194,9 @@ class Outbox(_Base):
         headers: Mapping[str, Any] | None = None,
     ) -> uuid.UUID:
         """Insert one event in the caller's transaction; returns its id (the message id).
+
+        With OpenTelemetry installed, the current trace context (``traceparent``,
+        ``tracestate``) joins ``headers``, under the ones given; the relay continues it.
 
         Examples:
             outbox.append(

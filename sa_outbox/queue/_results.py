@@ -49,6 +49,8 @@ class ClaimedJob:
     worker_id: str
     deduplication_key: str | None
     created_at: dt.datetime
+    #: The job's string headers (its trace context among them), ``None`` when it has none.
+    headers: dict[str, str] | None = None
 
     @property
     def is_last_attempt(self) -> bool:

@@ -31,6 +31,7 @@ from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle
 from ._listen import DEAF_WARNING, AsyncListener
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
+from ._spans import end_publish_spans, traced_wave
 from ._sync import _log, _log_retry
 from .metrics import CycleRecorder, RelayMetrics
 
@@ -176,13 +177,16 @@ class AsyncRelay:
     ) -> list[ClaimedEvent]:
         error: BaseException | None = None
         timeout = self.settings.publish_timeout.total_seconds()
+        sent, spans = traced_wave(wave)
         recorder.publishing()
         try:
-            await asyncio.wait_for(self.publisher.publish(wave), timeout)
+            await asyncio.wait_for(self.publisher.publish(sent), timeout)
         except TimeoutError:
             error = PublisherUnavailable(f"the publisher did not finish within {timeout} s")
         except Exception as exc:
             error = exc
+        if spans is not None:
+            end_publish_spans(spans, error)
         isolated = settle(plan, wave, error)
         recorder.published(plan, wave, error)
         return isolated

@@ -32,6 +32,7 @@ from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle
 from ._listen import DEAF_WARNING, SyncListener, WakePipe
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
+from ._spans import end_publish_spans, traced_wave
 from .metrics import CycleRecorder, RelayMetrics
 
 __all__ = ["Relay"]
@@ -239,13 +240,16 @@ class Relay:
         self, plan: BatchPlan, wave: list[ClaimedEvent], recorder: CycleRecorder
     ) -> list[ClaimedEvent]:
         error: BaseException | None = None
+        sent, spans = traced_wave(wave)
         recorder.publishing()
         try:
             self._portal.call(
-                self.publisher.publish(wave), self.settings.publish_timeout.total_seconds()
+                self.publisher.publish(sent), self.settings.publish_timeout.total_seconds()
             )
         except Exception as exc:
             error = exc
+        if spans is not None:
+            end_publish_spans(spans, error)
         isolated = settle(plan, wave, error)
         recorder.published(plan, wave, error)
         return isolated

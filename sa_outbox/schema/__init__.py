@@ -22,6 +22,7 @@ What lives here:
 - the DDL that ``create_all`` and the Alembic operations share: ``_notify_trigger``,
   ``_outbox_triggers``, ``_partition_ddl``, ``_storage``;
 - ``_queue_pause``: `QueuePauseMixin`, the table of paused queues;
+- ``_rate_log``: `RateLimitLogMixin`, the recent claims that rate limits count;
 - `InboxMixin` / `InboxDataclassMixin` (in ``_mixins``): a consumer's table of the messages
   it handled, keyed by ``(source, message_id)``;
 - ``_event_types``: what makes a subclass of an outbox model a domain event class.
@@ -52,6 +53,7 @@ from ._mixins import (
 )
 from ._partition_ddl import PARTITION_INFO_KEY, PARTITION_INTERVALS
 from ._queue_pause import QueuePauseMixin
+from ._rate_log import RateLimitLogMixin
 from ._status import JOB_STATUS_TYPE_NAME, TABLE_KIND_INFO_KEY, JobStatus, job_status_enum
 from ._storage import RECOMMENDED_JOB_STORAGE, RECOMMENDED_OUTBOX_STORAGE, STORAGE_INFO_KEY
 
@@ -71,6 +73,7 @@ __all__ = [
     "OutboxDataclassMixin",
     "OutboxMixin",
     "QueuePauseMixin",
+    "RateLimitLogMixin",
     "inbox_table_args",
     "job_status_enum",
     "job_table_args",

@@ -61,6 +61,9 @@ _JOB_COLUMNS: dict[str, _Spec] = {
     "last_error": (Text, {}, {"default": None}),
     "created_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
     "updated_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
+    # Last: where an existing install's ALTER TABLE … ADD COLUMN puts it too. No server
+    # default: a NULL costs no space, and most jobs carry no headers (docs/tracing.md).
+    "headers": (JSONB, {"nullable": True}, {"default": None}),
 }
 
 

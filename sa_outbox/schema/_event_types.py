@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from sqlalchemy.orm import MappedAsDataclass
 
 from .._exceptions import InvalidArgument
+from .._tracing import current_trace_headers
 from .._validation import text as checked_text
 
 _SPEC = "__sa_outbox_event__"
@@ -31,6 +32,9 @@ _ADDED = "_sa_outbox_added"
 
 
 _RECORDED = "_sa_outbox_recorded_at"
+
+
+_TRACE = "_sa_outbox_trace"
 
 
 _MISSING = object()
@@ -267,10 +271,17 @@ def field_values(event: object) -> list[Any]:
 
 
 def mark_added(event: object) -> None:
-    """Record when an event joined a session: its order in the outbox, and its time."""
+    """Record when an event joined a session: its order in the outbox, its time, and the
+    trace context current then (`added_trace`)."""
     if getattr(event, _ADDED, None) is None:
         object.__setattr__(event, _ADDED, next(_add_order))
         object.__setattr__(event, _RECORDED, dt.datetime.now(dt.UTC))
+        object.__setattr__(event, _TRACE, current_trace_headers())
+
+
+def added_trace(event: object) -> dict[str, str] | None:
+    """The W3C trace fields current when the event joined a session (``None``: none)."""
+    return getattr(event, _TRACE, None)
 
 
 def added_order(event: object) -> int:

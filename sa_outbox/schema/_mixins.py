@@ -79,6 +79,8 @@ class JobMixin:
     last_error: Mapped[str | None] = _column(_JOB_COLUMNS, "last_error")
     created_at: Mapped[dt.datetime] = _column(_JOB_COLUMNS, "created_at")
     updated_at: Mapped[dt.datetime] = _column(_JOB_COLUMNS, "updated_at")
+    #: String headers (the W3C trace context it was enqueued in, and the caller's own).
+    headers: Mapped[dict[str, str] | None] = _column(_JOB_COLUMNS, "headers")
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:

@@ -1,8 +1,9 @@
 """Layer 2: the query builder — functions that return SQLAlchemy Core statements.
 
 May import: ``sa_outbox.schema`` and the foundation modules, nothing that does I/O. Split
-by concern: ``_job_enqueue``, ``_job_claim`` (claim, heartbeat, complete), ``_job_settle``
-(retry, fail, snooze, release, reclaim, requeue, retry by hand, prune), ``_job_cancel``,
+by concern: ``_job_enqueue`` (and ``_job_headers``), ``_job_claim`` (claim, heartbeat,
+complete), ``_job_settle`` (retry, fail, snooze, release, reclaim, requeue, retry by hand,
+prune), ``_job_cancel``, ``_job_limits`` (concurrency and rate limits the claim obeys),
 ``_job_notify``, ``_queue_pause`` (paused queues); ``_inspect`` (the read-only queries of
 status, listings and queues); ``_outbox_append``, ``_outbox_claim``, ``_outbox_settle``;
 ``_inbox`` (a consumer's inbox: accept a message once, prune); ``_maintenance`` and
@@ -34,12 +35,14 @@ from .._validation import (
 from ._common import DEFAULT_MAX_PAYLOAD_BYTES
 from ._inbox import accept_message, prune_inbox
 from ._inspect import (
+    MAX_THROUGHPUT_MINUTES,
     WORKER_APPLICATION_PREFIX,
     connected_workers,
     count_jobs_by_queue_kind_status,
     job_alarms,
     job_kind_exists,
     job_queue_exists,
+    job_throughput_by_minute,
     latest_deduplication_key,
     outbox_alarms,
     queue_throughput,
@@ -49,6 +52,7 @@ from ._inspect import (
     select_job,
     select_job_statuses,
     select_jobs,
+    select_running_jobs,
     workers_holding_jobs,
 )
 from ._job_cancel import (
@@ -78,6 +82,8 @@ from ._job_enqueue import (
     enqueue_jobs,
     precompiled,
 )
+from ._job_headers import MAX_HEADERS_BYTES
+from ._job_limits import DEFAULT_LOOKAHEAD, MAX_LIMIT, ClaimLimits, Limit, lock_claim_limits
 from ._job_notify import job_notify_channel_of, listen_sql, notify_jobs, parse_notify_payload
 from ._job_settle import (
     count_jobs_by_status,
@@ -146,6 +152,7 @@ __all__ = [
     "COMPLETION_TOKENS",
     "DEFAULT_BACKOFF",
     "DEFAULT_LEASE",
+    "DEFAULT_LOOKAHEAD",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_QUEUE",
@@ -154,12 +161,17 @@ __all__ = [
     "ENQUEUE_PARAMETERS",
     "MAX_AGGREGATE_ID_LENGTH",
     "MAX_DEDUPLICATION_KEY_LENGTH",
+    "MAX_HEADERS_BYTES",
+    "MAX_LIMIT",
     "MAX_MESSAGE_ID_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_PAYLOAD_DEPTH",
+    "MAX_THROUGHPUT_MINUTES",
     "PARTITION_LOCK_PREFIX",
     "PRUNE_LOCK_PREFIX",
     "WORKER_APPLICATION_PREFIX",
+    "ClaimLimits",
+    "Limit",
     "NewEvent",
     "NewJob",
     "accept_message",
@@ -198,9 +210,11 @@ __all__ = [
     "job_notify_channel_of",
     "job_queue_exists",
     "job_statuses",
+    "job_throughput_by_minute",
     "latest_deduplication_key",
     "list_partitions",
     "listen_sql",
+    "lock_claim_limits",
     "lock_partition",
     "mark_event_published",
     "mark_events_published",
@@ -241,6 +255,7 @@ __all__ = [
     "select_now",
     "select_parked_events",
     "select_paused_queues",
+    "select_running_jobs",
     "set_lock_timeout",
     "snooze_job",
     "table_layout",

@@ -13,7 +13,22 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import Select, Text, bindparam, cast, exists, func, literal, or_, select
+from sqlalchemy import (
+    DateTime,
+    Integer,
+    Interval,
+    Select,
+    Text,
+    bindparam,
+    cast,
+    column,
+    exists,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+)
 from sqlalchemy import text as sql_text
 from sqlalchemy.sql.elements import TextClause
 
@@ -62,6 +77,12 @@ def _first_line(column: Any) -> Any:
 
 def _status_text(t: Any) -> Any:
     return cast(t.c.status, Text)
+
+
+def _status_literal(t: Any, status: JobStatus) -> Any:
+    """``status`` written into the SQL, so that a generic plan still matches a partial
+    index's ``WHERE status = '…'`` (a bound parameter would not)."""
+    return literal_column(f"'{status.value}'", t.c.status.type)
 
 
 def count_jobs_by_queue_kind_status(target: object) -> Select[Any]:
@@ -399,6 +420,113 @@ def queue_throughput(
         .where(or_(succeeded, failed), t.c.updated_at >= now - interval(window))
         .group_by(t.c.queue)
         .order_by(t.c.queue)
+    )
+
+
+#: The most minutes `job_throughput_by_minute` covers (a day).
+MAX_THROUGHPUT_MINUTES = 24 * 60
+
+
+def job_throughput_by_minute(
+    target: object, *, minutes: int = 30, clock: Clock | None = None
+) -> Select[Any]:
+    """The jobs finished in each of the last ``minutes`` minutes: ``minute, succeeded,
+    failed``, one row per minute (zeros included), oldest first; the last row is the minute
+    now is in, still running.
+
+    ``minute`` is the start of the minute (``date_trunc('minute', …)``). Counted from
+    ``updated_at`` of ``succeeded`` and ``failed`` jobs, as `queue_throughput` counts: the
+    retention index ``(status, updated_at)`` serves it, reading only the window's rows.
+    Jobs already pruned are not counted, and neither are retries: a retried job's row
+    changes again at its next claim, so the table keeps no count of them.
+
+    Examples:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "generate_series" in str(job_throughput_by_minute(Job, minutes=30))
+        True
+        >>> job_throughput_by_minute(Job, minutes=0)
+        Traceback (most recent call last):
+        ...
+        sa_outbox._exceptions.InvalidArgument: minutes must be between 1 and 1440, got 0
+    """
+    span = count(minutes, "minutes", maximum=MAX_THROUGHPUT_MINUTES)
+    t = table_of(target)
+    # Constants written into the SQL, not bound: the statement then prepares as it is (a
+    # bound interval or unit has no type a PREPARE could infer).
+    unit = literal_column("'minute'", Text)
+    one_minute = literal_column("interval '1 minute'", Interval)
+    last = func.date_trunc(unit, now_of(clock), type_=DateTime(timezone=True))
+    first = last - literal_column(f"interval '{span - 1} minutes'", Interval)
+    succeeded = t.c.status == _status_literal(t, JobStatus.SUCCEEDED)
+    failed = t.c.status == _status_literal(t, JobStatus.FAILED)
+    bucket = func.date_trunc(unit, t.c.updated_at, type_=DateTime(timezone=True))
+    done = (
+        select(
+            bucket.label("minute"),
+            func.count().filter(succeeded).label("succeeded"),
+            func.count().filter(failed).label("failed"),
+        )
+        .where(or_(succeeded, failed), t.c.updated_at >= first, t.c.updated_at < last + one_minute)
+        .group_by(bucket)
+        .subquery("done")
+    )
+    series = (
+        func.generate_series(first, last, one_minute)
+        .table_valued(column("minute", DateTime(timezone=True)))
+        .render_derived(name="minutes")
+    )
+    return (
+        select(
+            series.c.minute,
+            func.coalesce(done.c.succeeded, 0).label("succeeded"),
+            func.coalesce(done.c.failed, 0).label("failed"),
+        )
+        .select_from(series)
+        .outerjoin(done, done.c.minute == series.c.minute)
+        .order_by(series.c.minute)
+    )
+
+
+def select_running_jobs(
+    target: object, *, limit: int = 50, clock: Clock | None = None
+) -> Select[Any]:
+    """Up to ``limit`` ``running`` jobs, the soonest lease end first (so expired leases
+    lead): ``id, queue, kind, worker_id, attempts, max_attempts, lease_until, lease_left``.
+
+    ``lease_left`` is ``lease_until - now``: negative when the lease expired (the worker
+    died or stalled; the reclaimer will take the job). The reclaimer's partial index
+    ``(lease_until) WHERE status = 'running'`` serves the order, so a large table costs
+    about ``limit`` rows (more only when many share the last lease end shown: a batch
+    claimed together, whose ties are sorted by ``id``).
+
+    Examples:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "ORDER BY jobs.lease_until" in str(select_running_jobs(Job, limit=10))
+        True
+    """
+    size = count(limit, "limit")
+    t = table_of(target)
+    now = now_of(clock)
+    return (
+        select(
+            t.c.id,
+            t.c.queue,
+            t.c.kind,
+            t.c.worker_id,
+            t.c.attempts,
+            t.c.max_attempts,
+            t.c.lease_until,
+            (t.c.lease_until - now).label("lease_left"),
+        )
+        .where(t.c.status == _status_literal(t, JobStatus.RUNNING))  # the index's predicate
+        .order_by(t.c.lease_until, t.c.id)
+        .limit(literal_column(str(size), Integer()))
     )
 
 

@@ -14,11 +14,13 @@ from sqlalchemy import (
     Text,
     Update,
     Uuid,
+    and_,
     bindparam,
     func,
     literal,
     literal_column,
     null,
+    or_,
     select,
     true,
     union_all,
@@ -26,6 +28,7 @@ from sqlalchemy import (
 )
 
 from .._clock import Clock
+from .._exceptions import InvalidArgumentType
 from .._validation import count, duration, name_filter, text
 from ..schema import JobStatus
 from ._common import (
@@ -39,6 +42,14 @@ from ._common import (
     unnest_pairs,
 )
 from ._job_defaults import DEFAULT_LEASE
+from ._job_limits import (
+    ClaimLimits,
+    allowance,
+    limit_key,
+    log_claims,
+    prune_log,
+    running_by_key,
+)
 from ._queue_pause import not_paused
 
 
@@ -51,6 +62,7 @@ def claim_jobs(
     queues: str | Sequence[str] | None = None,
     kinds: str | Sequence[str] | None = None,
     paused: object | None = None,
+    limits: ClaimLimits | None = None,
     clock: Clock | None = None,
 ) -> Update:
     """The article's atomic claim: a ``FOR UPDATE SKIP LOCKED`` CTE and ``UPDATE … RETURNING``.
@@ -65,6 +77,12 @@ def claim_jobs(
     ``paused``, a table of `QueuePauseMixin`, makes the claim skip the jobs of the queues it
     lists (``NOT EXISTS``, checked in the claim's own snapshot: whatever a worker believes,
     a queue paused before the claim starts is never claimed). ``None``: no such check.
+
+    ``limits`` (`ClaimLimits`): the claim takes no more jobs of a limited kind or queue than
+    its limits allow now (running jobs counted, per payload key where a limit says ``by``;
+    the rate log for rate limits, to which it adds the jobs it takes). Run it in a
+    transaction right after `lock_claim_limits`, so that it counts what concurrent claims
+    committed; a claim touching no limited kind or queue is the plain claim.
 
     Examples:
         >>> from sqlalchemy.dialects import postgresql
@@ -84,8 +102,16 @@ def claim_jobs(
     kind_names = name_filter(kinds, "kinds")
     t = table_of(target)
     now = now_of(clock)
-    claimed = _ready_jobs(t, now, size, queue_names, kind_names, paused).cte("claimed")
-    return (
+    if limits is not None and not isinstance(limits, ClaimLimits):
+        raise InvalidArgumentType(f"limits must be a ClaimLimits, got {type(limits).__name__}")
+    applied = None if limits is None else limits.applying(queue_names, kind_names)
+    if applied is None:
+        claimed = _ready_jobs(t, now, size, queue_names, kind_names, paused).cte("claimed")
+    else:
+        claimed = _limited_ready_jobs(t, now, size, queue_names, kind_names, paused, applied).cte(
+            "claimed"
+        )
+    stmt = (
         update(t)
         .where(t.c.id == claimed.c.id)
         .values(
@@ -98,6 +124,12 @@ def claim_jobs(
         )
         .returning(*_claim_columns(t))
     )
+    if applied is not None and applied.rated:
+        stmt = stmt.add_cte(
+            log_claims(applied, claimed, now).cte("rate_logged"),
+            prune_log(applied, now).cte("rate_pruned"),
+        )
+    return stmt
 
 
 #: Above this many names, a claim filters with ``IN`` on the order index instead of one
@@ -112,8 +144,14 @@ def _ready_jobs(
     queue_names: tuple[str, ...] | None,
     kind_names: tuple[str, ...] | None,
     paused: object | None = None,
+    carried: tuple[Any, ...] = (),
+    excluded_kinds: tuple[str, ...] = (),
 ) -> Select[Any]:
     """The ids of the next ``size`` ready jobs, locked, walking a ready index in order.
+
+    ``carried`` columns of the job come out after the id (the limited claim ranks them);
+    ``excluded_kinds`` are skipped as the walk meets them (the limited claim takes those
+    kinds in branches of their own).
 
     Every shape walks one of the three partial ready indexes in the article's order
     (``priority DESC, run_at, id``) and stops after ``size`` rows; none sorts the backlog:
@@ -140,7 +178,9 @@ def _ready_jobs(
     # The limit inline too: for a generic plan, a bound LIMIT is a guess of a tenth of the
     # table, for which the planner then joins the claimed ids by a sequential scan.
     limit = literal_column(str(size), Integer())
-    ready = select(t.c.id).where(t.c.status == pending, t.c.run_at <= now)
+    ready = select(t.c.id, *carried).where(t.c.status == pending, t.c.run_at <= now)
+    if excluded_kinds:
+        ready = ready.where(t.c.kind.not_in(excluded_kinds))
     if queue_names is not None:
         branch_column, names, other = t.c.queue, queue_names, (t.c.kind, kind_names)
     elif kind_names is not None:
@@ -169,8 +209,9 @@ def _ready_jobs(
     if paused is not None:
         # A branch per queue: a paused queue's branch is skipped whole, not walked.
         ready = ready.where(not_paused(paused, each.c.name if by_queue else t.c.queue))
+    extra = [c for c in (t.c.priority, t.c.run_at) if not any(c is k for k in carried)]
     branch = (
-        ready.add_columns(t.c.priority, t.c.run_at)
+        ready.add_columns(*extra)
         .where(branch_column == each.c.name)
         .order_by(*order)
         .limit(limit)
@@ -178,11 +219,124 @@ def _ready_jobs(
         .lateral("branch")
     )
     return (
-        select(branch.c.id)
+        select(branch.c.id, *(branch.c[c.name] for c in carried))
         .select_from(each)
         .join(branch, true())
         .order_by(branch.c.priority.desc(), branch.c.run_at, branch.c.id)
         .limit(limit)
+    )
+
+
+def _limited_ready_jobs(
+    t: Any,
+    now: Any,
+    size: int,
+    queue_names: tuple[str, ...] | None,
+    kind_names: tuple[str, ...] | None,
+    paused: object | None,
+    limits: ClaimLimits,
+) -> Select[Any]:
+    """The ids (and kinds) of the next ``size`` ready jobs that ``limits`` allow, locked.
+
+    Candidates come from branches that each walk a ready index in order: the kinds without
+    a limit as `_ready_jobs` takes them; each limited kind its own walk of
+    ``{t}_ready_kind_idx``, of at most what it could be allowed (``running``, ``size``, or
+    ``lookahead`` jobs when limited per key). The candidates are ranked in claim order per
+    kind, per key and then per queue, and a job is kept only while its rank is within what
+    its limits allow now: the limit, less the jobs running (and, for a rate, the claims in
+    the window). The first ``size`` kept, in claim order, are claimed; the candidates not
+    kept were locked only until the claim's transaction ends.
+    """
+    pending = literal_column(f"'{JobStatus.PENDING.value}'", t.c.status.type)
+    order = (t.c.priority.desc(), t.c.run_at, t.c.id)
+    kinds = limits.kinds
+    carried = (t.c.kind, t.c.queue, t.c.priority, t.c.run_at)
+    parts: list[Select[Any]] = []
+    free_kinds = None if kind_names is None else tuple(k for k in kind_names if k not in kinds)
+    if kind_names is None or free_kinds:
+        free = _ready_jobs(
+            t,
+            now,
+            size,
+            queue_names,
+            free_kinds,
+            paused,
+            carried=carried,
+            excluded_kinds=tuple(kinds) if kind_names is None else (),
+        ).subquery("free")
+        parts.append(select(*free.c, literal(None, Text()).label("limit_key")))
+    for n, (kind, lim) in enumerate(kinds.items()):
+        branch = select(*carried, limit_key(t, lim).label("limit_key")).where(
+            t.c.status == pending, t.c.run_at <= now, t.c.kind == kind
+        )
+        if queue_names is not None:
+            branch = branch.where(in_names(t.c.queue, queue_names))
+        if paused is not None:
+            branch = branch.where(not_paused(paused, t.c.queue))
+        if lim.by is not None:
+            most = max(size, limits.lookahead)
+        else:
+            most = min(size, lim.running) if lim.running is not None else size
+        walked = (
+            branch.add_columns(t.c.id)
+            .order_by(*order)
+            .limit(literal_column(str(most), Integer()))
+            .with_for_update(skip_locked=True)
+            .subquery(f"limited_{n}")
+        )
+        parts.append(select(walked.c.id, *(walked.c[c.name] for c in carried), walked.c.limit_key))
+    candidates = (parts[0] if len(parts) == 1 else union_all(*parts)).subquery("candidates")
+    c = candidates.c
+    in_order = (c.priority.desc(), c.run_at, c.id)
+    ranked = select(
+        *c,
+        func.row_number().over(partition_by=c.kind, order_by=in_order).label("rank_in_kind"),
+        func.row_number()
+        .over(partition_by=(c.kind, c.limit_key), order_by=in_order)
+        .label("rank_in_key"),
+    ).subquery("ranked")
+    r = ranked.c
+    kept = select(r.id, r.kind, r.queue, r.priority, r.run_at)
+    conditions = []
+    for n, (kind, lim) in enumerate(kinds.items()):
+        allowed = []
+        room = allowance(t, lim, limits.log, now)
+        if room is not None:
+            allowed.append(r.rank_in_kind <= room)
+        if lim.by is not None and lim.running is not None:
+            running = running_by_key(t, lim, f"running_by_key_{n}")
+            kept = kept.join_from(
+                ranked,
+                running,
+                and_(r.kind == kind, r.limit_key.is_not_distinct_from(running.c.limit_key)),
+                isouter=True,
+            )
+            allowed.append(r.rank_in_key <= lim.running - func.coalesce(running.c.running, 0))
+        conditions.append(or_(r.kind != kind, and_(*allowed)))
+    kept = kept.where(*conditions)
+    if limits.queues:
+        by_queue = kept.subquery("kept")
+        k = by_queue.c
+        queue_ranked = select(
+            *k,
+            func.row_number()
+            .over(partition_by=k.queue, order_by=(k.priority.desc(), k.run_at, k.id))
+            .label("rank_in_queue"),
+        ).subquery("queue_ranked")
+        q = queue_ranked.c
+        kept = select(q.id, q.kind, q.queue, q.priority, q.run_at).where(
+            *(
+                or_(q.queue != queue, q.rank_in_queue <= room)
+                for queue, lim in limits.queues.items()
+                if (room := allowance(t, lim, limits.log, now)) is not None
+            )
+        )
+    final = kept.subquery("allowed")
+    f = final.c
+    return (
+        select(f.id, f.kind)
+        .order_by(f.priority.desc(), f.run_at, f.id)
+        .limit(literal_column(str(size), Integer()))
     )
 
 
@@ -201,6 +355,8 @@ def _claim_columns(t: Any) -> list[Any]:
         t.c.worker_id,
         t.c.deduplication_key,
         t.c.created_at,
+        # A table made before the column was added (not migrated yet) claims NULL headers.
+        t.c.headers if "headers" in t.c else null().label("headers"),
     ]
 
 

@@ -7,7 +7,7 @@ import datetime as dt
 import json
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard
 
 from sqlalchemy import (
@@ -58,6 +58,7 @@ from ._common import (
     table_of,
 )
 from ._job_defaults import _MAX_INT, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from ._job_headers import job_headers_text
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,6 +78,8 @@ class NewJob:
     delay: dt.timedelta | float | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     deduplication_key: str | None = None
+    #: String headers of the job's own (str to str); the current trace context joins them.
+    headers: Mapping[str, str] | None = None
 
     def __init__(
         self,
@@ -88,6 +91,7 @@ class NewJob:
         delay: dt.timedelta | float | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         # The generated __init__ of a frozen dataclass, but setting each slot through its
         # own descriptor instead of object.__setattr__: 40 % less, for jobs built by the
@@ -100,6 +104,7 @@ class NewJob:
         _set_delay(self, delay)
         _set_max_attempts(self, max_attempts)
         _set_deduplication_key(self, deduplication_key)
+        _set_headers(self, headers)
 
 
 (
@@ -111,6 +116,7 @@ class NewJob:
     _set_delay,
     _set_max_attempts,
     _set_deduplication_key,
+    _set_headers,
 ) = (NewJob.__dict__[field.name].__set__ for field in dataclasses.fields(NewJob))
 
 
@@ -125,9 +131,16 @@ class _Checked:
     delay: dt.timedelta | None
     max_attempts: int
     deduplication_key: str | None
+    headers: str | None  # JSON text, or None (NULL)
 
 
-def _check(job: NewJob, dumps: Dumps, limit: int, job_id: uuid.UUID | None = None) -> _Checked:
+def _check(
+    job: NewJob,
+    dumps: Dumps,
+    limit: int,
+    job_id: uuid.UUID | None = None,
+    trace: Mapping[str, str] | None = None,
+) -> _Checked:
     kind = name(job.kind, "kind")
     if job.run_at is not None and job.delay is not None:
         raise InvalidArgument(f"job kind {kind!r}: give run_at or delay, not both")
@@ -143,6 +156,7 @@ def _check(job: NewJob, dumps: Dumps, limit: int, job_id: uuid.UUID | None = Non
         deduplication_key=optional_key(
             job.deduplication_key, "deduplication_key", MAX_DEDUPLICATION_KEY_LENGTH
         ),
+        headers=job_headers_text(job.headers, trace, f"job kind {kind!r}"),
     )
 
 
@@ -158,6 +172,36 @@ def _on_conflict_skip(stmt: Insert, target: Any) -> Insert:
     )
 
 
+def has_headers(table: Any) -> bool:
+    """Whether a job table has the ``headers`` column (a table made before it was added, and
+    not migrated yet, has not: docs/upgrading.md).
+
+    Examples:
+        >>> from sqlalchemy import Column, MetaData, Table, Text
+        >>> has_headers(Table("jobs", MetaData(), Column("kind", Text)))
+        False
+    """
+    return "headers" in table.c
+
+
+def _headers_values(t: Any, text: str | None, given: bool) -> dict[str, Any]:
+    """The ``headers`` value of an INSERT into ``t``: none on a table without the column,
+    where headers the caller ``given`` are refused (the trace context alone is dropped)."""
+    if has_headers(t):
+        return {"headers": None if text is None else jsonb(text)}
+    if given:
+        raise no_headers_column(t)
+    return {}
+
+
+def no_headers_column(table: Any) -> InvalidArgument:
+    """The error for headers given to a job table without the ``headers`` column."""
+    return InvalidArgument(
+        f"job table {table.fullname} has no headers column: add it with a migration "
+        "(alembic revision --autogenerate, see docs/upgrading.md)"
+    )
+
+
 def enqueue_job(
     target: object,
     kind: str,
@@ -169,6 +213,7 @@ def enqueue_job(
     delay: dt.timedelta | float | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
     clock: Clock | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -179,6 +224,8 @@ def enqueue_job(
     payload is serialised here, once, so a bad one fails before any SQL is sent. On a
     partitioned table (``__partition_interval__``) the statement has no ``ON CONFLICT``: the
     table's dedup trigger skips a taken key, with the same result (docs/partitions.md).
+    ``headers`` (str to str, at most `MAX_HEADERS_BYTES` as JSON) are stored as they are:
+    this builder reads no trace context (the executors add it, see docs/tracing.md).
 
     Examples:
         >>> from sqlalchemy.dialects import postgresql
@@ -193,7 +240,9 @@ def enqueue_job(
         True
     """
     job = _check(
-        NewJob(kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key),
+        NewJob(
+            kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key, headers
+        ),
         dumps,
         max_payload_bytes,
     )
@@ -214,6 +263,7 @@ def enqueue_job(
         deduplication_key=job.deduplication_key,
         created_at=now,
         updated_at=now,
+        **_headers_values(t, job.headers, headers is not None),
     )
     return _on_conflict_skip(stmt, t).returning(t.c.id)
 
@@ -229,6 +279,7 @@ ENQUEUE_PARAMETERS = (
     "job_delay",
     "job_max_attempts",
     "job_deduplication_key",
+    "job_headers",
 )
 _ZERO = dt.timedelta()
 
@@ -238,7 +289,9 @@ def enqueue_job_template(target: object, *, clock: Clock | None = None) -> Retur
 
     One shape serves every job: build it once, then run it with the values
     `enqueue_job_values` checks and returns, so SQLAlchemy's compiled cache is hit and no
-    statement is built per job. ``run_at`` is ``coalesce(:job_run_at, now + :job_delay)``.
+    statement is built per job. ``run_at`` is ``coalesce(:job_run_at, now + :job_delay)``;
+    ``job_headers`` is JSON text or ``None`` (on a table without the ``headers`` column the
+    statement has no such parameter, and the value is ignored).
 
     Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -271,6 +324,11 @@ def enqueue_job_template(target: object, *, clock: Clock | None = None) -> Retur
         deduplication_key=bindparam("job_deduplication_key", type_=c.deduplication_key.type),
         created_at=now,
         updated_at=now,
+        **(
+            {"headers": cast(bindparam("job_headers", type_=Text()), JSONB)}
+            if has_headers(t)
+            else {}
+        ),
     )
     return _on_conflict_skip(stmt, t).returning(t.c.id)
 
@@ -321,11 +379,16 @@ def enqueue_job_values(
     delay: dt.timedelta | float | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    trace_headers: Mapping[str, str] | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> dict[str, Any]:
     """The values of `enqueue_job_template`'s parameters for one job, checked as
     `enqueue_job` checks them (bad input raises here, before any SQL), with a new id.
+
+    ``trace_headers`` (the current trace context, as the executors pass it) join
+    ``headers`` under them: the caller's own headers win a clash.
 
     Examples:
         >>> values = enqueue_job_values("index-book", {"book_id": 1}, delay=30)
@@ -357,11 +420,17 @@ def enqueue_job_values(
             "job_delay": _ZERO,
             "job_max_attempts": max_attempts,
             "job_deduplication_key": deduplication_key,
+            "job_headers": None
+            if headers is None and trace_headers is None
+            else job_headers_text(headers, trace_headers, f"job kind {kind!r}"),
         }
     job = _check(
-        NewJob(kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key),
+        NewJob(
+            kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key, headers
+        ),
         dumps,
         max_payload_bytes,
+        trace=trace_headers,
     )
     return {
         "job_id": job.id,
@@ -373,6 +442,7 @@ def enqueue_job_values(
         "job_delay": _ZERO if job.delay is None else job.delay,
         "job_max_attempts": job.max_attempts,
         "job_deduplication_key": job.deduplication_key,
+        "job_headers": job.headers,
     }
 
 
@@ -380,6 +450,7 @@ def enqueue_jobs(
     target: object,
     jobs: Iterable[NewJob],
     *,
+    trace_headers: Mapping[str, str] | None = None,
     clock: Clock | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -392,6 +463,7 @@ def enqueue_jobs(
     shape serves any number of jobs, so it compiles once. The jobs travel as one JSON
     document (one object per job, payloads embedded as they were serialised): one string
     parameter for the driver to send, where arrays would be adapted element by element.
+    ``trace_headers`` join every job's own ``headers``, under them (see `enqueue_job_values`).
 
     Examples:
         >>> from sa_outbox.schema import JobMixin
@@ -403,12 +475,16 @@ def enqueue_jobs(
         2
     """
     jobs = list(jobs)
+    t = table_of(target)
+    with_headers = has_headers(t)
     # One block of ids for the batch: the same UUIDv7 sequence, a tenth of the cost.
     values = uuid7_ints(len(jobs))
-    document = _jobs_document(jobs, values, dumps, max_payload_bytes)
+    trace = trace_headers if with_headers else None
+    document = _jobs_document(jobs, values, dumps, max_payload_bytes, trace)
     if not jobs:
         raise InvalidArgument("enqueue_jobs needs at least one job")
-    t = table_of(target)
+    if not with_headers and any(job.headers is not None for job in jobs):
+        raise no_headers_column(t)
     now = now_of(clock)
     rows = (
         func.jsonb_to_recordset(cast(bindparam(None, document, type_=Text()), JSONB))
@@ -422,6 +498,7 @@ def enqueue_jobs(
             column("delay", Interval()),
             column("max_attempts", Integer()),
             column("dedup", Text()),
+            *([column("headers", JSONB())] if with_headers else []),
         )
         .render_derived(name="new_jobs", with_types=True)
     )
@@ -441,6 +518,7 @@ def enqueue_jobs(
         rows.c.dedup,
         now,
         now,
+        *([rows.c.headers] if with_headers else []),
     )
     columns = [
         "id",
@@ -454,6 +532,7 @@ def enqueue_jobs(
         "deduplication_key",
         "created_at",
         "updated_at",
+        *(["headers"] if with_headers else []),
     ]
     stmt = _on_conflict_skip(insert(t).from_select(columns, source), t).returning(t.c.id)
     return stmt, [uuid.UUID(int=value) for value in values]
@@ -471,8 +550,8 @@ _NO_ID = uuid.UUID(int=0)
 
 def _plain(job: object) -> TypeGuard[NewJob]:
     """Whether ``job`` is exactly a `NewJob` that `_check` accepts as it is: names `name`
-    accepts, int fields, no run_at, delay or deduplication key (a subclass, or a bool, is not
-    plain)."""
+    accepts, int fields, no run_at, delay, deduplication key or headers (a subclass, or a
+    bool, is not plain)."""
     if type(job) is not NewJob:
         return False
     kind, queue, priority, attempts = job.kind, job.queue, job.priority, job.max_attempts
@@ -486,17 +565,25 @@ def _plain(job: object) -> TypeGuard[NewJob]:
         and job.run_at is None
         and job.delay is None
         and job.deduplication_key is None
+        and job.headers is None
     )
 
 
-def _jobs_document(jobs: list[NewJob], ids: list[int], dumps: Dumps, limit: int) -> str:
+def _jobs_document(
+    jobs: list[NewJob],
+    ids: list[int],
+    dumps: Dumps,
+    limit: int,
+    trace: Mapping[str, str] | None = None,
+) -> str:
     """The jobs as the JSON array `enqueue_jobs` sends: checked in order, as `_check` does.
 
     A plain job (`_plain`) whose fields are the very objects of the plain job checked
     before it (``NewJob("send", {...})`` in a loop) needs identity tests only, and its
     payload goes through the C encoder of `fast_compact_json` directly (and a payload
     `may_be_unstorable` doubts, through `refuse_unstorable`); any other job goes through
-    `_check`, which accepts it or raises.
+    `_check`, which accepts it or raises. ``trace`` becomes the ``headers`` of every job,
+    under the job's own.
     """
     encoder = prebuilt_encoder(dumps)
     raw = encoder is None  # another dumps may write a NUL as it is, not as an escape
@@ -506,6 +593,9 @@ def _jobs_document(jobs: list[NewJob], ids: list[int], dumps: Dumps, limit: int)
     append = objects.append
     kind = queue = priority = attempts = _UNSET
     head = tail = ""
+    # The trace context is the same for every job: serialised once (its values are the
+    # propagator's ASCII, so a plain job's headers need no check).
+    end = "}" if not trace else f',"headers":{job_headers_text(None, trace, "jobs")}}}'
     for job_id, job in zip(ids, jobs, strict=True):
         if not (
             type(job) is NewJob
@@ -516,21 +606,22 @@ def _jobs_document(jobs: list[NewJob], ids: list[int], dumps: Dumps, limit: int)
             and job.run_at is None
             and job.delay is None
             and job.deduplication_key is None
+            and job.headers is None
         ):
             if not _plain(job):
-                append(_checked_object(job, job_id, dumps, limit))
+                append(_checked_object(job, job_id, dumps, limit, trace))
                 continue
             kind, queue = job.kind, job.queue
             priority, attempts = job.priority, job.max_attempts
             head = f',"queue":{_json_str(queue)},"kind":{_json_str(kind)},"payload":'
-            tail = f',"priority":{priority},"max_attempts":{attempts}}}'
+            tail = f',"priority":{priority},"max_attempts":{attempts}{end}'
         payload: Any
         try:
             payload = join(encoder(job.payload, 0)) if encoder is not None else dumps(job.payload)
         except (TypeError, ValueError, RecursionError):
             payload = None  # _check says what is wrong with it
         if type(payload) is not str or len(payload) > fits:
-            append(_checked_object(job, job_id, dumps, limit))  # says what is wrong
+            append(_checked_object(job, job_id, dumps, limit, trace))  # says what is wrong
             continue
         if (  # `may_be_unstorable`, inline: it runs for every job
             "\\u" in payload
@@ -543,9 +634,11 @@ def _jobs_document(jobs: list[NewJob], ids: list[int], dumps: Dumps, limit: int)
     return f"[{','.join(objects)}]"
 
 
-def _checked_object(job: NewJob, job_id: int, dumps: Dumps, limit: int) -> str:
+def _checked_object(
+    job: NewJob, job_id: int, dumps: Dumps, limit: int, trace: Mapping[str, str] | None
+) -> str:
     """One job of `_jobs_document` through `_check`: its JSON object, or its error."""
-    c = _check(job, dumps, limit, _NO_ID)
+    c = _check(job, dumps, limit, _NO_ID, trace)
     text = (
         f'{{"id":"{job_id:032x}","queue":{_json_str(c.queue)},"kind":{_json_str(c.kind)},'
         f'"payload":{c.payload},"priority":{int(c.priority)},'
@@ -558,4 +651,6 @@ def _checked_object(job: NewJob, job_id: int, dumps: Dumps, limit: int) -> str:
         text += f',"delay":"{delay.days} days {delay.seconds} s {delay.microseconds} us"'
     if c.deduplication_key is not None:
         text += f',"dedup":{_json_str(c.deduplication_key)}'
+    if c.headers is not None:
+        text += f',"headers":{c.headers}'
     return text + "}"

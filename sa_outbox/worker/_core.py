@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import statements as st
 from .._exceptions import InvalidArgument, InvalidArgumentType, LeaseLost
+from .._tracing import trace_id_of
 from ..queue._executors import Op, _JobOps
 from ..queue._results import BatchResult, ClaimedJob
 from ..schema import JobStatus
@@ -131,6 +132,13 @@ class Core:
             "kinds": settings.kinds,
         }
         self._wanted_queues = None if settings.queues is None else frozenset(settings.queues)
+        limits = app.limits
+        #: Whether this worker's claims touch a limited kind or queue (`JobApp.limit`).
+        self.limited = limits is not None and (
+            limits.applying(settings.queues, settings.kinds) is not None
+        )
+        if limits is not None:
+            self.claim_options["limits"] = limits
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -427,11 +435,13 @@ class Core:
         self.first_result_at = None
         return results
 
-    @staticmethod
-    def one_statement(results: Sequence[Result]) -> bool:
+    def one_statement(self, results: Sequence[Result], claim: int) -> bool:
         """Whether `write_op` runs a single statement for these results (only completions
         without follow-up jobs, or nothing but a claim): then it needs no transaction of its
-        own, and the driver runs it in autocommit mode (one round trip, one commit)."""
+        own, and the driver runs it in autocommit mode (one round trip, one commit). A claim
+        under limits is two statements (the limits' lock, then the claim) in a transaction."""
+        if claim and self.limited:
+            return False
         for result in results:
             if result.action is not Action.COMPLETE or result.entry.context.has_followups:
                 return False
@@ -445,7 +455,7 @@ class Core:
         """
         ops = self.ops
         outcomes: list[tuple[Result, JobOutcome]] = []
-        if results and claim and self.one_statement(results):
+        if results and claim and self.one_statement(results, claim):
             done, taken = yield from ops.complete_and_claim(
                 [r.entry.pair for r in results], {**self.claim_options, "batch": claim}
             )
@@ -462,8 +472,8 @@ class Core:
                 outcomes.append((result, JobOutcome.SUCCEEDED if ok else JobOutcome.LOST))
                 if ok and result.entry.context.has_followups:
                     followups.extend(result.entry.context.followups)
-            if followups:
-                yield from ops.enqueue_many(followups)
+            if followups:  # each took its trace context when the handler enqueued it
+                yield from ops.enqueue_many(followups, trace=False)
         releases = [r for r in results if r.action is Action.RELEASE]
         if releases:
             batch = yield from ops.release_many([r.entry.pair for r in releases])
@@ -724,7 +734,7 @@ class Core:
 def outcome_fields(result: Result, outcome: JobOutcome) -> dict[str, Any]:
     """The ``extra=`` fields of a job's outcome log line (docs/metrics.md lists them)."""
     job = result.entry.job
-    return {
+    fields: dict[str, Any] = {
         "job_id": str(job.id),
         "kind": job.kind,
         "queue": job.queue,
@@ -734,6 +744,11 @@ def outcome_fields(result: Result, outcome: JobOutcome) -> dict[str, Any]:
         "duration": round(result.seconds, 6),
         "error": (result.error or "").splitlines()[0] if result.error else None,
     }
+    if job.headers is not None:
+        trace_id = trace_id_of(job.headers)
+        if trace_id is not None:  # the trace the job continues (docs/tracing.md)
+            fields["trace_id"] = trace_id
+    return fields
 
 
 def _give_up(entry: Entry) -> Action:

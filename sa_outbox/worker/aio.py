@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import signal
 import threading
@@ -31,6 +32,7 @@ from ._core import Entry, Result, Written
 from ._direct import AsyncHeldConnection, can_hold
 from ._driver import Chore, DriverBase, KeeperPlan
 from ._retry import async_call_retrying
+from ._spans import end_job_span, job_span
 from ._threads import DaemonPool
 from .context import JobContext
 from .errors import Snooze
@@ -250,7 +252,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             written: Written = await self._database(
                 "write",
                 lambda: self.core.write_op(results, claim),
-                autocommit=self.core.one_statement(results),
+                autocommit=self.core.one_statement(results, claim),
             )
         except BaseException as exc:
             groups = self.core.isolate(results, exc) if is_bad_data(exc) else None
@@ -318,27 +320,46 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         entry: Entry | None = first
         while entry is not None:
             entry.task = task
-            error: BaseException | None = None
-            try:
-                core.parse(entry)
-                assert entry.spec is not None
-                if entry.spec.is_async:
-                    returned = await entry.spec.function(entry.context)
-                else:
-                    returned = await self._in_thread(entry.spec.function, entry.context)
-                if isinstance(returned, Snooze):  # returned rather than raised: the same
-                    error = returned
-            except BaseException as exc:
-                error = exc
-                if isinstance(exc, asyncio.CancelledError) and task is not None:
-                    task.uncancel()  # that job's timeout (or grace period) only: go on
+            # A job enqueued in a trace runs in a span of its own, child of that trace.
+            span = None if entry.job.headers is None else job_span(entry.job, self.worker_id)
+            if span is None:
+                error = await self._call_handler(entry, task)
+            else:
+                with span.current():
+                    error = await self._call_handler(entry, task, traced=True)
+                end_job_span(span, error, entry.context.cancel.cancelled)
             core.finished(entry, error)
             entry = core.next_entry()
             if core.wants_loop(entry):
                 self._wake.set()
             self._finished.set()
 
-    async def _in_thread(self, function: Callable[[JobContext], Any], job: JobContext) -> Any:
+    async def _call_handler(
+        self, entry: Entry, task: asyncio.Task[Any] | None, traced: bool = False
+    ) -> BaseException | None:
+        """Run one job's handler; returns what it raised (or the `Snooze` it returned)."""
+        try:
+            self.core.parse(entry)
+            assert entry.spec is not None
+            if entry.spec.is_async:
+                returned = await entry.spec.function(entry.context)
+            else:
+                returned = await self._in_thread(entry.spec.function, entry.context, traced)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and task is not None:
+                task.uncancel()  # that job's timeout (or grace period) only: go on
+            return exc
+        return returned if isinstance(returned, Snooze) else None  # returned, not raised
+
+    async def _in_thread(
+        self, function: Callable[[JobContext], Any], job: JobContext, traced: bool = False
+    ) -> Any:
+        if traced:  # the handler's thread runs in this context: the job's span is current
+            context, handler = contextvars.copy_context(), function
+
+            def function(job: JobContext) -> Any:
+                return context.run(handler, job)
+
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
 

@@ -19,10 +19,12 @@ import asyncio
 import datetime as dt
 import enum
 import threading
+import types
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from .._tracing import current_trace_headers
 from ..queue._results import ClaimedJob
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob
 from .errors import JobCancelled
@@ -143,6 +145,8 @@ class CancelToken:
 
 #: Guards every token's state: taken to cancel, and to start waiting (both rare).
 _LOCK = threading.Lock()
+#: The headers of a job that has none.
+_NO_HEADERS: Mapping[str, str] = types.MappingProxyType({})
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -155,9 +159,9 @@ class JobContext:
 
     ``id``, ``kind``, ``payload`` (what the kind's ``parse`` returned, if it has one),
     ``attempts`` (this run included), ``max_attempts``, ``deduplication_key``, ``queue``,
-    ``priority``, ``created_at``, ``lease_token``; ``cancel``, the job's `CancelToken`;
-    and `enqueue`, for follow-up jobs. ``claimed`` is the `ClaimedJob` as the claim returned
-    it (raw payload included).
+    ``priority``, ``created_at``, ``lease_token``, ``headers``; ``cancel``, the job's
+    `CancelToken`; and `enqueue`, for follow-up jobs. ``claimed`` is the `ClaimedJob` as the
+    claim returned it (raw payload included).
 
     Examples:
         def send_receipt(job: JobContext) -> None:
@@ -234,6 +238,13 @@ class JobContext:
         """The fencing token of this run."""
         return self.claimed.lease_token
 
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The job's headers (read-only; empty when it has none): those given at enqueue,
+        and the trace context it was enqueued in (``traceparent``, docs/tracing.md)."""
+        headers = self.claimed.headers
+        return _NO_HEADERS if headers is None else types.MappingProxyType(headers)
+
     def enqueue(
         self,
         kind: str,
@@ -245,6 +256,7 @@ class JobContext:
         delay: dt.timedelta | float | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         """Enqueue a follow-up job, written in the transaction that completes this one.
 
@@ -252,9 +264,15 @@ class JobContext:
         fails, nor if the lease was lost (the run that completes the job enqueues it). Give
         it a ``deduplication_key`` if it must never be enqueued twice across runs. To
         enqueue at once instead, use `JobQueue.enqueue` in a transaction of your own. Bad
-        input (an unserialisable payload…) raises here, in the handler.
+        input (an unserialisable payload…) raises here, in the handler. The trace context
+        current here (this job's span, with OpenTelemetry) joins ``headers``, under them.
         """
-        job = NewJob(kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key)
+        trace = current_trace_headers()
+        if trace is not None and (headers is None or isinstance(headers, Mapping)):
+            headers = {**trace, **(headers or {})}
+        job = NewJob(
+            kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key, headers
+        )
         if self._check is not None:
             self._check(job)
         if self._followups is None:

@@ -32,7 +32,13 @@ from .._backoff import Backoff
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import duration, text
 from ..schema import resolve_table
-from ..statements import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from ..statements import (
+    DEFAULT_BACKOFF,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    ClaimLimits,
+    Limit,
+)
 from .context import JobContext
 from .schedule import Missed, Schedule
 
@@ -172,6 +178,10 @@ class JobApp:
     schedule alone) enqueue a job of a kind at every tick of a cron expression or interval;
     `schedules` lists them. See docs/worker.md, "Periodic jobs".
 
+    Limits: `limit` caps how many jobs of a kind (or queue) run at once across all workers,
+    per payload key if asked, or start per period; ``rate_log`` is the `RateLimitLogMixin`
+    table rate limits count in. See docs/control.md, "Concurrency and rate limits".
+
     Examples:
         app = JobApp(Job, backoff=Backoff(base=1, max=300, jitter=1))
 
@@ -186,8 +196,11 @@ class JobApp:
         *,
         handlers: Mapping[str, Handler] | None = None,
         backoff: Backoff | None = None,
+        rate_log: object | None = None,
     ) -> None:
         self._table = resolve_table(model)
+        self._rate_log = None if rate_log is None else resolve_table(rate_log)
+        self._limits: dict[str, Limit] = {}
         self.model = model
         if backoff is not None and not isinstance(backoff, Backoff):
             raise InvalidArgumentType(f"backoff must be a Backoff, got {type(backoff).__name__}")
@@ -378,6 +391,53 @@ class JobApp:
 
         return decorate
 
+    # -- limits ----------------------------------------------------------------------------
+
+    def limit(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        running: int | None = None,
+        by: str | None = None,
+        rate: int | None = None,
+        per: dt.timedelta | float | None = None,
+    ) -> Limit:
+        """Limit the jobs of ``kind`` (or ``queue``) across every worker of this table.
+
+        ``running=N``: at most N run at once (per value of ``payload[by]`` when ``by`` is
+        given); ``rate=R, per=P``: at most R start in any window of P (needs the app's
+        ``rate_log``). Every worker's claim obeys it in its own SQL (`Limit`,
+        `sa_outbox.statements.lock_claim_limits`), so all the workers of a table must be
+        given the same limits: declare them where the app is defined. One `limit` per kind
+        or queue; bad input raises here.
+
+        Examples:
+            app.limit(kind="call-partner-api", running=10, rate=100, per=60)
+            app.limit(kind="sync-account", running=1, by="account_id")
+            app.limit(queue="imports", running=2)
+        """
+        lim = Limit(kind=kind, queue=queue, running=running, by=by, rate=rate, per=per)  # type: ignore[arg-type]
+        if lim.scope in self._limits:
+            raise InvalidArgument(
+                f"{lim.scope} is limited already: give one limit() per kind or queue, "
+                "with every option it needs"
+            )
+        if lim.rate is not None and self._rate_log is None:
+            raise InvalidArgument(
+                f"{lim.scope} has a rate limit: give JobApp a rate_log= table "
+                "(a model of sa_outbox.RateLimitLogMixin) to count its claims in"
+            )
+        self._limits[lim.scope] = lim
+        return lim
+
+    @property
+    def limits(self) -> ClaimLimits | None:
+        """The app's limits for the claim (`ClaimLimits`), or ``None`` when it has none."""
+        if not self._limits:
+            return None
+        return ClaimLimits(tuple(self._limits.values()), log=self._rate_log)
+
     def get(self, kind: str) -> HandlerSpec | None:
         """The spec registered for ``kind``, or ``None``."""
         return self._specs.get(kind)
@@ -398,4 +458,6 @@ class JobApp:
         shown = f"JobApp({self._table.fullname!r}, kinds={list(self._specs)!r}"
         if self._schedules:
             shown += f", schedules={list(self._schedules)!r}"
+        if self._limits:
+            shown += f", limits={list(self._limits)!r}"
         return shown + ")"

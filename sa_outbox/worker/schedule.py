@@ -363,7 +363,10 @@ class Scheduler:
         due = self.due(now)
         if not due:
             return now, []
-        results = yield from ops.enqueue_many([schedule.job(tick) for schedule, tick in due])
+        # A tick belongs to no request: whatever span may be current, it is not the job's.
+        results = yield from ops.enqueue_many(
+            [schedule.job(tick) for schedule, tick in due], trace=False
+        )
         ticks = [
             Tick(schedule.name, schedule.kind, tick, result.inserted)
             for (schedule, tick), result in zip(due, results, strict=True)

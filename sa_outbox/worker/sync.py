@@ -33,6 +33,7 @@ from ._direct import HeldConnection, can_hold
 from ._driver import Chore, DriverBase, Interrupted, KeeperPlan
 from ._retry import call_retrying
 from ._settings import check_engine
+from ._spans import end_job_span, job_span
 from ._threads import DaemonPool
 from .errors import DatabaseUnreachable, Snooze
 from .listen import Listener
@@ -274,7 +275,7 @@ class Worker(DriverBase[Engine]):
         started = self.timer()
         with self._cond:
             notifications = self.core.notifications
-        autocommit = self.core.one_statement(results)
+        autocommit = self.core.one_statement(results, claim)
         try:
             written: Written = self._database(
                 "write", lambda: self.core.write_op(results, claim), autocommit=autocommit
@@ -347,20 +348,29 @@ class Worker(DriverBase[Engine]):
         core = self.core
         entry: Entry | None = first
         while entry is not None:
-            error: BaseException | None = None
-            try:
-                core.parse(entry)
-                assert entry.spec is not None
-                returned = entry.spec.function(entry.context)
-                if isinstance(returned, Snooze):  # returned rather than raised: the same
-                    error = returned
-            except BaseException as exc:
-                error = exc
+            # A job enqueued in a trace runs in a span of its own, child of that trace.
+            span = None if entry.job.headers is None else job_span(entry.job, self.worker_id)
+            if span is None:
+                error = self._call_handler(entry)
+            else:
+                with span.current():
+                    error = self._call_handler(entry)
+                end_job_span(span, error, entry.context.cancel.cancelled)
             with self._cond:
                 core.finished(entry, error)
                 entry = core.next_entry()
                 if core.wants_loop(entry):
                     self._cond.notify_all()
+
+    def _call_handler(self, entry: Entry) -> BaseException | None:
+        """Run one job's handler; returns what it raised (or the `Snooze` it returned)."""
+        try:
+            self.core.parse(entry)
+            assert entry.spec is not None
+            returned = entry.spec.function(entry.context)
+        except BaseException as exc:
+            return exc
+        return returned if isinstance(returned, Snooze) else None  # returned, not raised
 
     # -- the keeper: heartbeats and the reclaimer ----------------------------------------
 
