@@ -132,6 +132,17 @@ def test_a_savepoint_rolled_back_forgets_only_its_own_messages(engine: Engine) -
     assert inbox_keys(engine) == [(SOURCE, "kept"), (SOURCE, "undone")]
 
 
+def inserts_waiting(engine: Engine) -> int:
+    """Inserts into the inbox waiting for a lock, from a new transaction each time
+    (``pg_stat_activity`` is a snapshot taken once per transaction)."""
+    blocked = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND query LIKE :insert"
+    )
+    with engine.connect() as conn:
+        return int(conn.execute(blocked, {"insert": f"INSERT INTO {INBOX.fullname} %"}).scalar())
+
+
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
 def test_a_second_consumer_of_the_same_message_waits_for_the_first(
     engine: Engine, outcome: str
@@ -142,21 +153,13 @@ def test_a_second_consumer_of_the_same_message_waits_for_the_first(
     message_id = str(uuid.uuid4())
     second: list[bool] = []
     with engine.connect() as first:
-        first.execute(text("SET application_name = 'inbox-first'"))
         assert inbox.accept(first, message_id, source=SOURCE) is True
         first.execute(insert(APPLIED).values(message_id=message_id, amount=1))
         thread = threading.Thread(
             target=lambda: second.append(consume(engine, inbox, message_id)), daemon=True
         )
         thread.start()
-        blocked = text(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND query LIKE 'INSERT INTO%inbox%'"
-        )
-        with engine.connect() as watcher:
-            wait_until(
-                lambda: watcher.execute(blocked).scalar_one() == 1, "the second consumer to wait"
-            )
+        wait_until(lambda: inserts_waiting(engine) == 1, "the second consumer to wait")
         assert second == []  # still waiting on the first consumer's row
         if outcome == "commit":
             first.commit()
