@@ -2,7 +2,7 @@
 
 One line in ``env.py`` sets it up (it registers ``op.create_job_queue``,
 ``op.drop_job_queue``, ``op.create_outbox``, ``op.drop_outbox``, ``op.set_table_storage``,
-``op.add_job_status_values``,
+``op.add_job_status_values``, ``op.create_serial_trigger``, ``op.drop_serial_trigger``,
 their renderers and the autogenerate hook)::
 
     import alembic_ext  # noqa: F401
@@ -33,15 +33,19 @@ from .operations import (
     AddJobStatusValuesOp,
     CreateJobQueueOp,
     CreateOutboxOp,
+    CreateSerialTriggerOp,
     DropJobQueueOp,
     DropOutboxOp,
+    DropSerialTriggerOp,
     SetTableStorageOp,
     SupportsInvoke,
     add_job_status_values,
     create_job_queue,
     create_outbox,
+    create_serial_trigger,
     drop_job_queue,
     drop_outbox,
+    drop_serial_trigger,
     set_table_storage,
 )
 
@@ -49,14 +53,18 @@ __all__ = [
     "AddJobStatusValuesOp",
     "CreateJobQueueOp",
     "CreateOutboxOp",
+    "CreateSerialTriggerOp",
     "DropJobQueueOp",
     "DropOutboxOp",
+    "DropSerialTriggerOp",
     "SetTableStorageOp",
     "SupportsInvoke",
     "add_job_status_values",
     "create_job_queue",
     "create_outbox",
+    "create_serial_trigger",
     "drop_job_queue",
     "drop_outbox",
+    "drop_serial_trigger",
     "set_table_storage",
 ]
