@@ -16,9 +16,10 @@ whole setup. It edits the operations Alembic produced:
 - a table removed from the models whose columns are exactly the library's: ``drop_table``
   and the index drops become ``drop_job_queue`` / ``drop_outbox`` / ``drop_inbox``;
 - an existing table of the library: a partial index whose ``WHERE`` differs from the model is
-  dropped and created again (Alembic does not compare index predicates), and storage
+  dropped and created again (Alembic does not compare index predicates), storage
   settings (``__table_storage__``) that differ from ``pg_class.reloptions`` (of the default
-  partition, for a partitioned table) render ``set_table_storage``;
+  partition, for a partitioned table) render ``set_table_storage``, and a job table without
+  its serial trigger (made before serial keys) renders ``create_serial_trigger``;
 - the partitions of a partitioned table are not tables of their own to Alembic: the
   ``drop_table`` (and ``drop_index``) it would render for each is left out.
 
@@ -46,6 +47,7 @@ from sqlalchemy.schema import CreateColumn, CreateIndex
 from sa_outbox import statements as st
 from sa_outbox._exceptions import SaOutboxError
 from sa_outbox.schema._partition_ddl import PartitionInterval, partition_interval_of
+from sa_outbox.schema._serial_trigger import serial_trigger_name
 from sa_outbox.schema._storage import (
     STORAGE_INFO_KEY,
     parse_reloptions,
@@ -54,6 +56,7 @@ from sa_outbox.schema._storage import (
     storage_of,
 )
 
+from ._serial_op import CreateSerialTriggerOp
 from ._tables import TableKind, build_table, kind_from_columns, table_kind
 from .operations import (
     CreateInboxOp,
@@ -160,6 +163,7 @@ def compare_queue_tables(
         if table_key not in rewrites and table_key[0] in schemas:
             _compare_predicates(autogen_context, model, table_key, rewritten)
             _compare_storage(autogen_context, model, table_key, rewritten)
+            _compare_serial_trigger(autogen_context, model, table_key, rewritten)
     upgrade_ops.ops[:] = rewritten
 
 
@@ -417,6 +421,32 @@ def _compare_storage(
             existing_storage=storage_from_reloptions(existing) or None,
         )
     )
+
+
+def _compare_serial_trigger(
+    autogen_context: AutogenContext,
+    model: Table,
+    table_key: _Key,
+    rewritten: list[MigrateOperation],
+) -> None:
+    """``create_serial_trigger`` for a job table of the database that lacks it (made before
+    serial keys existed: its ``add_column`` operations come before this one)."""
+    connection = autogen_context.connection
+    schema, name = table_key
+    if (
+        connection is None
+        or table_kind(model) != "job"
+        or not autogen_context.run_name_filters(name, "table", {"schema_name": schema})
+        or not autogen_context.run_object_filters(model, name, "table", False, None)
+    ):
+        return
+    table = Table(name, MetaData(), schema=schema)
+    if connection.execute(st.table_layout(table)).one_or_none() is None:
+        return  # not in the database: created whole, trigger included
+    if connection.execute(st.table_has_trigger(table, serial_trigger_name(table))).scalar():
+        return
+    log.info("Detected a job table without its serial trigger: %r", name)
+    rewritten.append(CreateSerialTriggerOp(name, schema=schema))
 
 
 def _library_table(

@@ -1,9 +1,10 @@
 """Alembic operations that create and drop the library's tables.
 
 ``op.create_job_queue`` creates the ``job_status`` enum type (in the table's schema), the job
-table, its indexes and its NOTIFY trigger with the trigger's function (which wakes workers
-up); ``op.drop_job_queue`` drops the table (its indexes and trigger go with it), the
-trigger's function, and then the type. ``op.create_outbox`` / ``op.drop_outbox`` do the same
+table, its indexes, its NOTIFY trigger (which wakes workers up) and its serial trigger
+(which orders the jobs of each serial key), with the triggers' functions;
+``op.drop_job_queue`` drops the table (its indexes and triggers go with it), the triggers'
+functions, and then the type. ``op.create_outbox`` / ``op.drop_outbox`` do the same
 for an outbox table, whose two triggers (ordering and relay wake-up, see
 ``sa_outbox.schema._outbox_triggers``) are created and dropped the same way. Each operation
 reverses into the other, so autogenerate writes both directions.
@@ -47,10 +48,17 @@ from sa_outbox.schema._partition_ddl import (
     drop_dedup_trigger_sql,
     setup_sql,
 )
+from sa_outbox.schema._serial_trigger import create_serial_trigger_sql, drop_serial_trigger_sql
 from sa_outbox.schema._status import JobStatus, job_status_enum
 
 from ._base import StorageArgument, SupportsInvoke, _CreateOperation, _DropOperation
 from ._inbox_op import CreateInboxOp, DropInboxOp, create_inbox, drop_inbox
+from ._serial_op import (
+    CreateSerialTriggerOp,
+    DropSerialTriggerOp,
+    create_serial_trigger,
+    drop_serial_trigger,
+)
 from ._storage_op import SetTableStorageOp, set_table_storage
 from ._tables import is_job_status_type
 
@@ -59,9 +67,11 @@ __all__ = [
     "CreateInboxOp",
     "CreateJobQueueOp",
     "CreateOutboxOp",
+    "CreateSerialTriggerOp",
     "DropInboxOp",
     "DropJobQueueOp",
     "DropOutboxOp",
+    "DropSerialTriggerOp",
     "SetTableStorageOp",
     "StorageArgument",
     "SupportsInvoke",
@@ -69,9 +79,11 @@ __all__ = [
     "create_inbox",
     "create_job_queue",
     "create_outbox",
+    "create_serial_trigger",
     "drop_inbox",
     "drop_job_queue",
     "drop_outbox",
+    "drop_serial_trigger",
     "set_table_storage",
 ]
 
@@ -236,8 +248,8 @@ def _create(operations: Operations, operation: _CreateOperation) -> None:
     operations.execute(CreateTable(table))
     for index in sorted(table.indexes, key=lambda index: str(index.name)):
         operations.execute(CreateIndex(index))
-    if operation.kind == "job":
-        for sql in create_notify_trigger_sql(table):
+    if operation.kind == "job":  # the NOTIFY trigger, and the serial keys' ordering trigger
+        for sql in [*create_notify_trigger_sql(table), *create_serial_trigger_sql(table)]:
             operations.execute(sql)
     if operation.kind == "outbox":  # the ordering and wake-up triggers, with their functions
         for sql in create_outbox_triggers_sql(table):
@@ -255,7 +267,11 @@ def _drop(operations: Operations, operation: _DropOperation) -> None:
     dialect = operations.get_context().dialect
     operations.execute(DropTable(table))  # its triggers and partitions go with it
     if operation.kind == "job":
-        for sql in [*drop_notify_trigger_sql(table), *drop_dedup_trigger_sql(table)]:
+        for sql in [
+            *drop_notify_trigger_sql(table),
+            *drop_serial_trigger_sql(table),
+            *drop_dedup_trigger_sql(table),
+        ]:
             operations.execute(sql)
     if operation.kind == "outbox":
         for sql in drop_outbox_triggers_sql(table):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from alembic.autogenerate.api import AutogenContext
 from alembic.autogenerate.render import renderers
 
+from ._serial_op import CreateSerialTriggerOp, DropSerialTriggerOp
 from .operations import (
     CreateInboxOp,
     CreateJobQueueOp,
@@ -20,7 +21,12 @@ from .operations import (
     SetTableStorageOp,
 )
 
-__all__ = ["render_inbox_operation", "render_operation", "render_set_table_storage"]
+__all__ = [
+    "render_inbox_operation",
+    "render_operation",
+    "render_serial_trigger",
+    "render_set_table_storage",
+]
 
 _NAMES = {
     CreateJobQueueOp: "create_job_queue",
@@ -98,6 +104,34 @@ def render_inbox_operation(
     autogen_context.imports.add("import alembic_ext")
     prefix = autogen_context.opts.get("alembic_module_prefix", "op.")
     name = "create_inbox" if isinstance(operation, CreateInboxOp) else "drop_inbox"
+    arguments = repr(operation.table_name)
+    if operation.schema is not None:
+        arguments += f", schema={operation.schema!r}"
+    return f"{prefix}{name}({arguments})"
+
+
+@renderers.dispatch_for(CreateSerialTriggerOp)
+@renderers.dispatch_for(DropSerialTriggerOp)
+def render_serial_trigger(
+    autogen_context: AutogenContext, operation: CreateSerialTriggerOp | DropSerialTriggerOp
+) -> str:
+    """``op.create_serial_trigger(...)`` / ``op.drop_serial_trigger(...)``, as autogenerate
+    writes them.
+
+    Examples:
+        >>> from alembic.autogenerate import render_python_code
+        >>> from alembic.operations import ops
+        >>> op = CreateSerialTriggerOp("jobs", schema="work")
+        >>> print(render_python_code(ops.UpgradeOps([op])).splitlines()[1].strip())
+        op.create_serial_trigger('jobs', schema='work')
+    """
+    autogen_context.imports.add("import alembic_ext")
+    prefix = autogen_context.opts.get("alembic_module_prefix", "op.")
+    name = (
+        "create_serial_trigger"
+        if isinstance(operation, CreateSerialTriggerOp)
+        else "drop_serial_trigger"
+    )
     arguments = repr(operation.table_name)
     if operation.schema is not None:
         arguments += f", schema={operation.schema!r}"

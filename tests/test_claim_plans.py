@@ -135,11 +135,35 @@ def nodes(
         yield from nodes(child, (*path, plan["Node Type"]))
 
 
+def walked(
+    plan: dict[str, Any], path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """`nodes`, less the subplans (a filter's own query, run per row it is asked for)."""
+    yield path, plan
+    for child in plan.get("Plans", []):
+        if child.get("Parent Relationship") != "SubPlan":
+            yield from walked(child, (*path, plan["Node Type"]))
+
+
+def assert_serial_check_idle(plan: dict[str, Any]) -> None:
+    """The serial keys' check is a subplan on ``jobs_serial_idx``, run only for a job that
+    has a ``lock_key``: with none in the table, never."""
+    shown = json.dumps(plan, indent=1)
+    for _, node in nodes(plan):
+        if node.get("Parent Relationship") != "SubPlan":
+            continue
+        for _, inner in nodes(node):
+            if inner.get("Relation Name") == "jobs":
+                assert inner.get("Index Name") == "jobs_serial_idx", shown
+                assert inner["Actual Loops"] == 0, shown
+
+
 def assert_walks_a_ready_index(plan: dict[str, Any], names: int) -> None:
     shown = json.dumps(plan, indent=1)
+    assert_serial_check_idle(plan)
     scans = [
         (path, n)
-        for path, n in nodes(plan)
+        for path, n in walked(plan)
         if n.get("Relation Name") == "jobs" and n["Node Type"] != "ModifyTable"
     ]
     picks = [(path, n) for path, n in scans if n.get("Index Name") != "jobs_pkey"]

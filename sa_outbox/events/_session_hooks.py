@@ -279,6 +279,7 @@ def enqueue(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
+    lock_key: str | None = None,
 ) -> EnqueueResult: ...
 
 
@@ -296,6 +297,7 @@ def enqueue(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
+    lock_key: str | None = None,
 ) -> Awaitable[EnqueueResult]: ...
 
 
@@ -312,6 +314,7 @@ def enqueue(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
+    lock_key: str | None = None,
 ) -> EnqueueResult | Awaitable[EnqueueResult]:
     """Add a job in the session's transaction; ``await`` it on an ``AsyncSession``.
 
@@ -320,7 +323,8 @@ def enqueue(
     else the one given to `install`, else the only `JobMixin` model the application maps.
     Given an `Engine` (``AsyncEngine``) instead, the job is one autocommit ``INSERT`` of its
     own, committed when this returns (`JobQueue.enqueue`). ``headers`` and the current
-    trace context travel with the job as `JobQueue.enqueue` says (docs/tracing.md).
+    trace context travel with the job as `JobQueue.enqueue` says (docs/tracing.md);
+    ``lock_key`` makes it a serial job (docs/concurrency.md).
 
     Examples:
         with Session(engine) as session, session.begin():
@@ -338,6 +342,7 @@ def enqueue(
         "max_attempts": max_attempts,
         "deduplication_key": deduplication_key,
         "headers": headers,
+        "lock_key": lock_key,
     }
     # AsyncSession has a sync_session; AsyncConnection and AsyncEngine have a sync_engine.
     if hasattr(session, "sync_session") or hasattr(session, "sync_engine"):

@@ -200,6 +200,7 @@ def plan_copy(
                 and job.delay is None
                 and job.deduplication_key is None
                 and job.headers is None
+                and job.lock_key is None
             ):
                 if not _usual(job):
                     times = _append_checked(
@@ -279,6 +280,11 @@ def _append_checked(
             f"has deduplication_key {checked.deduplication_key!r}: COPY cannot skip a key "
             "already taken (no ON CONFLICT); enqueue deduplicated jobs with enqueue_many, "
             "which also tells which ones were inserted"
+        )
+    if checked.lock_key is not None:
+        raise InvalidArgument(
+            f"has lock_key {checked.lock_key!r}: COPY does not take serial jobs; enqueue "
+            "them with enqueue_many"
         )
     if not headers and job.headers is not None:
         raise InvalidArgument(

@@ -29,7 +29,12 @@ from ..schema import JobStatus, resolve_table
 from ..statements._common import Dumps, id_token_pairs
 from ..statements._job_cancel import job_ids
 from ..statements._job_claim import COMPLETION_IDS, COMPLETION_TOKENS
-from ..statements._job_enqueue import has_headers, no_headers_column
+from ..statements._job_enqueue import (
+    has_headers,
+    has_lock_key,
+    no_headers_column,
+    no_lock_key_column,
+)
 from ._cursor import NOT_RUN, DriverInsert
 from ._results import (
     BatchResult,
@@ -172,6 +177,7 @@ class _JobOps:
     ) -> None:
         self.table = resolve_table(model)
         self.has_headers = has_headers(self.table)
+        self.has_lock_key = has_lock_key(self.table)
         self.clock = clock
         self.backoff = backoff or st.DEFAULT_BACKOFF
         self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
@@ -197,6 +203,8 @@ class _JobOps:
             if options.get("headers") is not None:
                 raise no_headers_column(self.table)
             values["job_headers"] = None  # a table not migrated yet: the trace is dropped
+        if values["job_lock_key"] is not None and not self.has_lock_key:
+            raise no_lock_key_column(self.table)
         return values
 
     def enqueue_on_cursor(self, conn: SyncConn | Engine, values: dict[str, Any]) -> Any:

@@ -105,6 +105,7 @@ class JobQueue(_Base):
         max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
+        lock_key: str | None = None,
     ) -> EnqueueResult:
         """Add one job; ``inserted`` is False when its deduplication key is already taken.
 
@@ -115,6 +116,9 @@ class JobQueue(_Base):
         ``headers`` (str to str, at most `MAX_HEADERS_BYTES` as JSON) travel with the job
         (`JobContext.headers`); with OpenTelemetry installed, the current trace context joins
         them, so the worker's span of the job continues the caller's trace (docs/tracing.md).
+
+        ``lock_key`` makes it a serial job: the jobs sharing a key run one at a time, in the
+        order they were committed (docs/concurrency.md).
 
         Examples:
             queue.enqueue(conn, "index-book", {"book_id": 7},
@@ -130,6 +134,7 @@ class JobQueue(_Base):
             "max_attempts": max_attempts,
             "deduplication_key": deduplication_key,
             "headers": headers,
+            "lock_key": lock_key,
         }
         values = self._ops.enqueue_values(kind, payload, options)
         result = self._ops.enqueue_on_cursor(conn, values)
@@ -392,6 +397,7 @@ class AsyncJobQueue(_Base):
         max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
+        lock_key: str | None = None,
     ) -> EnqueueResult:
         """See `JobQueue.enqueue`; given the `AsyncEngine`, one autocommit ``INSERT``.
 
@@ -406,6 +412,7 @@ class AsyncJobQueue(_Base):
             "max_attempts": max_attempts,
             "deduplication_key": deduplication_key,
             "headers": headers,
+            "lock_key": lock_key,
         }
         op = self._ops.enqueue(self._ops.enqueue_values(kind, payload, options))
         if is_async_engine(conn):

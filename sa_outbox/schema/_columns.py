@@ -64,6 +64,10 @@ _JOB_COLUMNS: dict[str, _Spec] = {
     # Last: where an existing install's ALTER TABLE … ADD COLUMN puts it too. No server
     # default: a NULL costs no space, and most jobs carry no headers (docs/tracing.md).
     "headers": (JSONB, {"nullable": True}, {"default": None}),
+    # Serial keys (docs/concurrency.md): jobs sharing a lock_key run one at a time, in the
+    # order lock_seq gives them (the table's serial trigger sets it, after a per-key lock).
+    "lock_key": (Text, {"nullable": True}, {"default": None}),
+    "lock_seq": (BigInteger, {"nullable": True}, _NO_INIT),
 }
 
 
@@ -177,7 +181,8 @@ def job_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index
     by default), ``{t}_ready_order_idx`` with no leading name (a claim over everything);
     whatever a claim names, it walks one of them in order and never sorts the backlog.
     ``{t}_dedup_idx`` makes ``(kind, deduplication_key)`` unique where a key is set,
-    ``{t}_expired_lease_idx`` serves the reclaimer, ``{t}_retention_idx`` the pruner.
+    ``{t}_expired_lease_idx`` serves the reclaimer, ``{t}_retention_idx`` the pruner,
+    ``{t}_serial_idx`` the claim's check that no earlier job of a serial key is unfinished.
     On a ``partitioned`` table a unique index must hold ``created_at``, which would make
     the key unique per partition only: there ``{t}_dedup_idx`` is a plain index, which the
     table's dedup trigger searches (see ``sa_outbox.schema._partition_ddl``).
@@ -185,7 +190,7 @@ def job_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index
     Examples:
         >>> [i.name for i in job_table_args("jobs")]  # doctest: +NORMALIZE_WHITESPACE
         ['jobs_ready_idx', 'jobs_ready_kind_idx', 'jobs_ready_order_idx', 'jobs_dedup_idx',
-         'jobs_expired_lease_idx', 'jobs_retention_idx']
+         'jobs_expired_lease_idx', 'jobs_retention_idx', 'jobs_serial_idx']
     """
     t = identifier(table_name, "job table name")
     return (
@@ -225,6 +230,14 @@ def job_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index
             postgresql_where=text("status = 'running'"),
         ),
         Index(_index_name(t, "retention_idx"), "status", "updated_at"),
+        Index(
+            _index_name(t, "serial_idx"),
+            "lock_key",
+            "lock_seq",
+            postgresql_where=text(
+                "lock_key IS NOT NULL AND (status = 'pending' OR status = 'running')"
+            ),
+        ),
     )
 
 

@@ -32,6 +32,7 @@ from ._columns import (
 from ._event_types import prepare_event_class
 from ._notify_trigger import NotifyTrigger
 from ._outbox_triggers import OutboxTriggers
+from ._serial_trigger import SerialTrigger
 from ._status import TABLE_KIND_INFO_KEY, JobStatus
 from ._storage import RECOMMENDED_JOB_STORAGE, RECOMMENDED_OUTBOX_STORAGE
 
@@ -81,15 +82,19 @@ class JobMixin:
     updated_at: Mapped[dt.datetime] = _column(_JOB_COLUMNS, "updated_at")
     #: String headers (the W3C trace context it was enqueued in, and the caller's own).
     headers: Mapped[dict[str, str] | None] = _column(_JOB_COLUMNS, "headers")
+    #: Serial key: jobs sharing it run one at a time, in commit order (`lock_seq`).
+    lock_key: Mapped[str | None] = _column(_JOB_COLUMNS, "lock_key")
+    lock_seq: Mapped[int | None] = _column(_JOB_COLUMNS, "lock_seq")
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:
         setup, options = _table_options(cls, "job", RECOMMENDED_JOB_STORAGE)
         partitioned = setup.interval is not None
-        # NotifyTrigger: create_all also creates the statement-level NOTIFY trigger;
-        # TableSetup: the storage settings, or the partitions and the dedup trigger.
+        # NotifyTrigger, SerialTrigger: create_all also creates the statement-level NOTIFY
+        # trigger and the serial keys' ordering trigger; TableSetup: the storage settings,
+        # or the partitions and the dedup trigger.
         indexes = job_table_args(_table_name(cls), partitioned=partitioned)
-        return (*indexes, NotifyTrigger(), setup, options)
+        return (*indexes, NotifyTrigger(), SerialTrigger(), setup, options)
 
 
 class OutboxMixin:

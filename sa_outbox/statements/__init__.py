@@ -142,6 +142,7 @@ from ._partitions import (
     partitions_in_schema,
     select_now,
     set_lock_timeout,
+    table_has_trigger,
     table_layout,
 )
 from ._queue_pause import pause_queue, resume_queue, select_paused_queues
@@ -258,6 +259,7 @@ __all__ = [
     "select_running_jobs",
     "set_lock_timeout",
     "snooze_job",
+    "table_has_trigger",
     "table_layout",
     "table_stats",
     "vacuum_candidates",

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     ARRAY,
+    ColumnElement,
     CompoundSelect,
     Integer,
     Select,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     Uuid,
     and_,
     bindparam,
+    exists,
     func,
     literal,
     literal_column,
@@ -23,6 +25,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    tuple_,
     union_all,
     update,
 )
@@ -179,6 +182,9 @@ def _ready_jobs(
     # table, for which the planner then joins the claimed ids by a sequential scan.
     limit = literal_column(str(size), Integer())
     ready = select(t.c.id, *carried).where(t.c.status == pending, t.c.run_at <= now)
+    turn = serial_turn(t)
+    if turn is not None:
+        ready = ready.where(turn)
     if excluded_kinds:
         ready = ready.where(t.c.kind.not_in(excluded_kinds))
     if queue_names is not None:
@@ -227,6 +233,34 @@ def _ready_jobs(
     )
 
 
+def serial_turn(t: Any) -> ColumnElement[bool] | None:
+    """The claim's test for serial keys: a job with a ``lock_key`` is ready only when no
+    job of its key is running and none before it in ``(lock_seq, id)`` order is pending
+    (``None`` for a table without the column: made before serial keys, not migrated yet).
+
+    Race-free in one statement: ``lock_seq`` follows commit order within a key (the table's
+    serial trigger), so a job before this one was visible to the claim, and stays pending or
+    running in its snapshot until its end commits; a concurrent claim of it holds its row
+    lock, which ``SKIP LOCKED`` leaves to that claim. It walks ``{t}_serial_idx``.
+    """
+    if "lock_key" not in t.c:
+        return None
+    unfinished = [
+        literal_column(f"'{status.value}'", t.c.status.type)
+        for status in (JobStatus.PENDING, JobStatus.RUNNING)
+    ]
+    other = t.alias("same_key")
+    ahead = exists().where(
+        other.c.lock_key == t.c.lock_key,
+        or_(other.c.status == unfinished[0], other.c.status == unfinished[1]),
+        or_(
+            other.c.status == unfinished[1],
+            tuple_(other.c.lock_seq, other.c.id) < tuple_(t.c.lock_seq, t.c.id),
+        ),
+    )
+    return or_(t.c.lock_key.is_(None), ~ahead)
+
+
 def _limited_ready_jobs(
     t: Any,
     now: Any,
@@ -269,6 +303,9 @@ def _limited_ready_jobs(
         branch = select(*carried, limit_key(t, lim).label("limit_key")).where(
             t.c.status == pending, t.c.run_at <= now, t.c.kind == kind
         )
+        turn = serial_turn(t)
+        if turn is not None:
+            branch = branch.where(turn)
         if queue_names is not None:
             branch = branch.where(in_names(t.c.queue, queue_names))
         if paused is not None:

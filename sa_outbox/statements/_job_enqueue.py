@@ -80,6 +80,8 @@ class NewJob:
     deduplication_key: str | None = None
     #: String headers of the job's own (str to str); the current trace context joins them.
     headers: Mapping[str, str] | None = None
+    #: Serial key: jobs sharing it run one at a time, in the order they were committed.
+    lock_key: str | None = None
 
     def __init__(
         self,
@@ -92,6 +94,7 @@ class NewJob:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
+        lock_key: str | None = None,
     ) -> None:
         # The generated __init__ of a frozen dataclass, but setting each slot through its
         # own descriptor instead of object.__setattr__: 40 % less, for jobs built by the
@@ -105,6 +108,7 @@ class NewJob:
         _set_max_attempts(self, max_attempts)
         _set_deduplication_key(self, deduplication_key)
         _set_headers(self, headers)
+        _set_lock_key(self, lock_key)
 
 
 (
@@ -117,6 +121,7 @@ class NewJob:
     _set_max_attempts,
     _set_deduplication_key,
     _set_headers,
+    _set_lock_key,
 ) = (NewJob.__dict__[field.name].__set__ for field in dataclasses.fields(NewJob))
 
 
@@ -132,6 +137,7 @@ class _Checked:
     max_attempts: int
     deduplication_key: str | None
     headers: str | None  # JSON text, or None (NULL)
+    lock_key: str | None
 
 
 def _check(
@@ -157,6 +163,7 @@ def _check(
             job.deduplication_key, "deduplication_key", MAX_DEDUPLICATION_KEY_LENGTH
         ),
         headers=job_headers_text(job.headers, trace, f"job kind {kind!r}"),
+        lock_key=optional_key(job.lock_key, "lock_key", MAX_DEDUPLICATION_KEY_LENGTH),
     )
 
 
@@ -202,6 +209,34 @@ def no_headers_column(table: Any) -> InvalidArgument:
     )
 
 
+def has_lock_key(table: Any) -> bool:
+    """Whether a job table has the serial keys' ``lock_key`` column (a table made before
+    serial keys, not migrated yet, has not: docs/upgrading.md).
+
+    Examples:
+        >>> from sqlalchemy import Column, MetaData, Table, Text
+        >>> has_lock_key(Table("jobs", MetaData(), Column("kind", Text)))
+        False
+    """
+    return "lock_key" in table.c
+
+
+def no_lock_key_column(table: Any) -> InvalidArgument:
+    """The error for a serial key given to a job table without the ``lock_key`` column."""
+    return InvalidArgument(
+        f"job table {table.fullname} has no lock_key column: add the serial keys with a "
+        "migration (alembic revision --autogenerate, see docs/upgrading.md)"
+    )
+
+
+def _lock_key_values(t: Any, lock_key: str | None) -> dict[str, Any]:
+    if has_lock_key(t):
+        return {"lock_key": lock_key}
+    if lock_key is not None:
+        raise no_lock_key_column(t)
+    return {}
+
+
 def enqueue_job(
     target: object,
     kind: str,
@@ -214,6 +249,7 @@ def enqueue_job(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
+    lock_key: str | None = None,
     clock: Clock | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -226,6 +262,8 @@ def enqueue_job(
     table's dedup trigger skips a taken key, with the same result (docs/partitions.md).
     ``headers`` (str to str, at most `MAX_HEADERS_BYTES` as JSON) are stored as they are:
     this builder reads no trace context (the executors add it, see docs/tracing.md).
+    ``lock_key`` makes it a serial job: the jobs of one key run one at a time, in commit
+    order (the table's serial trigger orders them; docs/concurrency.md).
 
     Examples:
         >>> from sqlalchemy.dialects import postgresql
@@ -241,7 +279,16 @@ def enqueue_job(
     """
     job = _check(
         NewJob(
-            kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key, headers
+            kind,
+            payload,
+            queue,
+            priority,
+            run_at,
+            delay,
+            max_attempts,
+            deduplication_key,
+            headers,
+            lock_key,
         ),
         dumps,
         max_payload_bytes,
@@ -264,6 +311,7 @@ def enqueue_job(
         created_at=now,
         updated_at=now,
         **_headers_values(t, job.headers, headers is not None),
+        **_lock_key_values(t, job.lock_key),
     )
     return _on_conflict_skip(stmt, t).returning(t.c.id)
 
@@ -280,6 +328,7 @@ ENQUEUE_PARAMETERS = (
     "job_max_attempts",
     "job_deduplication_key",
     "job_headers",
+    "job_lock_key",
 )
 _ZERO = dt.timedelta()
 
@@ -291,7 +340,8 @@ def enqueue_job_template(target: object, *, clock: Clock | None = None) -> Retur
     `enqueue_job_values` checks and returns, so SQLAlchemy's compiled cache is hit and no
     statement is built per job. ``run_at`` is ``coalesce(:job_run_at, now + :job_delay)``;
     ``job_headers`` is JSON text or ``None`` (on a table without the ``headers`` column the
-    statement has no such parameter, and the value is ignored).
+    statement has no such parameter, and the value is ignored); so is ``job_lock_key``
+    without the ``lock_key`` column.
 
     Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -329,6 +379,7 @@ def enqueue_job_template(target: object, *, clock: Clock | None = None) -> Retur
             if has_headers(t)
             else {}
         ),
+        **({"lock_key": bindparam("job_lock_key", type_=Text())} if has_lock_key(t) else {}),
     )
     return _on_conflict_skip(stmt, t).returning(t.c.id)
 
@@ -380,6 +431,7 @@ def enqueue_job_values(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
+    lock_key: str | None = None,
     trace_headers: Mapping[str, str] | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -405,6 +457,7 @@ def enqueue_job_values(
         and run_at is None
         and delay is None
         and (deduplication_key is None or type(deduplication_key) is str)
+        and lock_key is None
     ):
         if deduplication_key is not None:
             deduplication_key = optional_key(
@@ -423,10 +476,20 @@ def enqueue_job_values(
             "job_headers": None
             if headers is None and trace_headers is None
             else job_headers_text(headers, trace_headers, f"job kind {kind!r}"),
+            "job_lock_key": None,
         }
     job = _check(
         NewJob(
-            kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key, headers
+            kind,
+            payload,
+            queue,
+            priority,
+            run_at,
+            delay,
+            max_attempts,
+            deduplication_key,
+            headers,
+            lock_key,
         ),
         dumps,
         max_payload_bytes,
@@ -443,6 +506,7 @@ def enqueue_job_values(
         "job_max_attempts": job.max_attempts,
         "job_deduplication_key": job.deduplication_key,
         "job_headers": job.headers,
+        "job_lock_key": job.lock_key,
     }
 
 
@@ -485,6 +549,9 @@ def enqueue_jobs(
         raise InvalidArgument("enqueue_jobs needs at least one job")
     if not with_headers and any(job.headers is not None for job in jobs):
         raise no_headers_column(t)
+    with_lock_key = has_lock_key(t)
+    if not with_lock_key and any(job.lock_key is not None for job in jobs):
+        raise no_lock_key_column(t)
     now = now_of(clock)
     rows = (
         func.jsonb_to_recordset(cast(bindparam(None, document, type_=Text()), JSONB))
@@ -499,6 +566,7 @@ def enqueue_jobs(
             column("max_attempts", Integer()),
             column("dedup", Text()),
             *([column("headers", JSONB())] if with_headers else []),
+            *([column("lock_key", Text())] if with_lock_key else []),
         )
         .render_derived(name="new_jobs", with_types=True)
     )
@@ -519,6 +587,7 @@ def enqueue_jobs(
         now,
         now,
         *([rows.c.headers] if with_headers else []),
+        *([rows.c.lock_key] if with_lock_key else []),
     )
     columns = [
         "id",
@@ -533,6 +602,7 @@ def enqueue_jobs(
         "created_at",
         "updated_at",
         *(["headers"] if with_headers else []),
+        *(["lock_key"] if with_lock_key else []),
     ]
     stmt = _on_conflict_skip(insert(t).from_select(columns, source), t).returning(t.c.id)
     return stmt, [uuid.UUID(int=value) for value in values]
@@ -566,6 +636,7 @@ def _plain(job: object) -> TypeGuard[NewJob]:
         and job.delay is None
         and job.deduplication_key is None
         and job.headers is None
+        and job.lock_key is None
     )
 
 
@@ -607,6 +678,7 @@ def _jobs_document(
             and job.delay is None
             and job.deduplication_key is None
             and job.headers is None
+            and job.lock_key is None
         ):
             if not _plain(job):
                 append(_checked_object(job, job_id, dumps, limit, trace))
@@ -653,4 +725,6 @@ def _checked_object(
         text += f',"dedup":{_json_str(c.deduplication_key)}'
     if c.headers is not None:
         text += f',"headers":{c.headers}'
+    if c.lock_key is not None:
+        text += f',"lock_key":{_json_str(c.lock_key)}'
     return text + "}"

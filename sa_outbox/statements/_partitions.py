@@ -124,6 +124,27 @@ def table_layout(parent: object) -> TextClause:
     return sql_text(_LAYOUT).bindparams(_parent_name(parent))
 
 
+_TRIGGER = """\
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_trigger AS t
+    WHERE t.tgrelid = to_regclass(:partitioned_table) AND t.tgname = :trigger
+        AND NOT t.tgisinternal AND t.tgparentid = 0
+) AS present"""
+
+
+def table_has_trigger(table: object, trigger: str) -> TextClause:
+    """One row, ``present``: whether ``table`` has a trigger of its own named ``trigger``
+    (false when the table does not exist).
+
+    Examples:
+        >>> from sqlalchemy import MetaData, Table
+        >>> table_has_trigger(Table("jobs", MetaData(), schema="w"), "jobs_serial").compile().params
+        {'partitioned_table': 'w.jobs', 'trigger': 'jobs_serial'}
+    """
+    name = bindparam("trigger", identifier(trigger, "trigger name"), type_=Text)
+    return sql_text(_TRIGGER).bindparams(_parent_name(table), name)
+
+
 def list_partitions(parent: object) -> TextClause:
     """The partitions of a table: ``name``, ``is_default``, ``lower``, ``upper`` (range
     bounds as ``timestamptz``; ``NULL`` for the default partition), the default first,

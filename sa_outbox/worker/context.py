@@ -257,6 +257,7 @@ class JobContext:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
+        lock_key: str | None = None,
     ) -> None:
         """Enqueue a follow-up job, written in the transaction that completes this one.
 
@@ -271,7 +272,16 @@ class JobContext:
         if trace is not None and (headers is None or isinstance(headers, Mapping)):
             headers = {**trace, **(headers or {})}
         job = NewJob(
-            kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key, headers
+            kind,
+            payload,
+            queue,
+            priority,
+            run_at,
+            delay,
+            max_attempts,
+            deduplication_key,
+            headers,
+            lock_key,
         )
         if self._check is not None:
             self._check(job)
