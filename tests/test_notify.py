@@ -77,10 +77,9 @@ def test_create_all_creates_the_trigger_and_drop_all_its_function(
         __table_schema__ = schema
 
     Base.metadata.create_all(engine)
-    assert trigger_objects(engine, schema) == (
-        ["background_jobs_notify"],
-        ["background_jobs_notify"],
-    )
+    # The NOTIFY trigger, and the serial keys' trigger beside it (docs/concurrency.md).
+    both = ["background_jobs_notify", "background_jobs_serial"]
+    assert trigger_objects(engine, schema) == (both, both)
     queue = JobQueue(Job)
     got = notifications(
         engine,
@@ -95,7 +94,8 @@ def test_create_all_creates_the_trigger_and_drop_all_its_function(
 def test_alembic_operations_create_and_drop_the_trigger(engine: Engine, schema: str) -> None:
     with engine.begin() as conn:
         Operations(MigrationContext.configure(conn)).create_job_queue("jobs", schema=schema)
-    assert trigger_objects(engine, schema) == (["jobs_notify"], ["jobs_notify"])
+    both = ["jobs_notify", "jobs_serial"]
+    assert trigger_objects(engine, schema) == (both, both)
 
     metadata = MetaData()
     jobs = Table("jobs", metadata, autoload_with=engine, schema=schema)
