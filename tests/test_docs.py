@@ -188,3 +188,16 @@ def test_alembic_md_lists_the_indexes_the_operations_create() -> None:
         listed = set(re.findall(r"`\{table\}_(\w+)`", bullet.group(1)))
         created = {index.name.removeprefix("t_") for index in model.__table__.indexes}
         assert listed == created, f"{operation}: the page lists {listed}, the table has {created}"
+
+
+def test_the_decision_guide_shows_the_readmes_benchmark_table() -> None:
+    """docs/decision-guide.md repeats the README's measured table; they must not drift."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(readme) if line.startswith("| workload |"))
+    end = next(i for i in range(start, len(readme)) if not readme[i].startswith("|"))
+    guide = (ROOT / "docs" / "decision-guide.md").read_text(encoding="utf-8")
+    shown = re.search(
+        r"<!-- benchmark-table[^\n]*-->\n(.*?)\n<!-- /benchmark-table -->", guide, re.S
+    )
+    assert shown, "docs/decision-guide.md has no benchmark-table markers"
+    assert shown.group(1).splitlines() == readme[start:end]
