@@ -201,3 +201,20 @@ def test_the_decision_guide_shows_the_readmes_benchmark_table() -> None:
     )
     assert shown, "docs/decision-guide.md has no benchmark-table markers"
     assert shown.group(1).splitlines() == readme[start:end]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_footnote_is_defined_and_cited(path: Path) -> None:
+    """A footnote cited but not defined renders as text; one defined but not cited is a
+    source the page no longer uses (docs/comparison.md is made of them)."""
+    text = path.read_text(encoding="utf-8")
+    defined = set(re.findall(r"^\[\^([\w-]+)\]:", text, re.M))
+    cited = {
+        m[1] for m in re.finditer(r"\[\^([\w-]+)\]", text) if not _footnote_definition(text, m)
+    }
+    assert cited == defined, f"cited, not defined: {cited - defined}; unused: {defined - cited}"
+
+
+def _footnote_definition(text: str, match: re.Match[str]) -> bool:
+    at_line_start = match.start() == 0 or text[match.start() - 1] == "\n"
+    return at_line_start and text[match.end() : match.end() + 1] == ":"
