@@ -45,7 +45,13 @@ from sa_outbox import JobMixin, OutboxMixin
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 #: Pages whose code must not silently stop running (a typo in a fence would do that).
-MUST_RUN = {"README.md", "docs/getting-started.md", "docs/retention.md", "docs/vacuum.md"}
+MUST_RUN = {
+    "README.md",
+    "docs/getting-started.md",
+    "docs/retention.md",
+    "docs/vacuum.md",
+    "docs/flask.md",
+}
 SCHEMA = f"docs_demo_{os.getpid()}"
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
