@@ -47,7 +47,15 @@ from .helpers import unset_tracer_provider
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 #: Pages whose code must not silently stop running (a typo in a fence would do that).
-MUST_RUN = {"README.md", "docs/getting-started.md", "docs/retention.md", "docs/inbox.md"}
+MUST_RUN = {
+    "README.md",
+    "docs/getting-started.md",
+    "docs/retention.md",
+    "docs/inbox.md",
+    "docs/vacuum.md",
+    "docs/flask.md",
+    "docs/concurrency.md",
+}
 SCHEMA = f"docs_demo_{os.getpid()}"
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
@@ -193,3 +201,33 @@ def test_alembic_md_lists_the_indexes_the_operations_create() -> None:
         listed = set(re.findall(r"`\{table\}_(\w+)`", bullet.group(1)))
         created = {index.name.removeprefix("t_") for index in model.__table__.indexes}
         assert listed == created, f"{operation}: the page lists {listed}, the table has {created}"
+
+
+def test_the_decision_guide_shows_the_readmes_benchmark_table() -> None:
+    """docs/decision-guide.md repeats the README's measured table; they must not drift."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(readme) if line.startswith("| workload |"))
+    end = next(i for i in range(start, len(readme)) if not readme[i].startswith("|"))
+    guide = (ROOT / "docs" / "decision-guide.md").read_text(encoding="utf-8")
+    shown = re.search(
+        r"<!-- benchmark-table[^\n]*-->\n(.*?)\n<!-- /benchmark-table -->", guide, re.S
+    )
+    assert shown, "docs/decision-guide.md has no benchmark-table markers"
+    assert shown.group(1).splitlines() == readme[start:end]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_footnote_is_defined_and_cited(path: Path) -> None:
+    """A footnote cited but not defined renders as text; one defined but not cited is a
+    source the page no longer uses (docs/comparison.md is made of them)."""
+    text = path.read_text(encoding="utf-8")
+    defined = set(re.findall(r"^\[\^([\w-]+)\]:", text, re.M))
+    cited = {
+        m[1] for m in re.finditer(r"\[\^([\w-]+)\]", text) if not _footnote_definition(text, m)
+    }
+    assert cited == defined, f"cited, not defined: {cited - defined}; unused: {defined - cited}"
+
+
+def _footnote_definition(text: str, match: re.Match[str]) -> bool:
+    at_line_start = match.start() == 0 or text[match.start() - 1] == "\n"
+    return at_line_start and text[match.end() : match.end() + 1] == ":"
