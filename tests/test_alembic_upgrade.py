@@ -66,6 +66,9 @@ def make_previous_release(pg: Engine, schema: str) -> None:
                 f"ALTER TABLE {schema}.jobs ALTER COLUMN status TYPE {schema}.job_status"
                 f" USING status::text::{schema}.job_status;"
                 f"ALTER TABLE {schema}.jobs ALTER COLUMN status SET DEFAULT 'pending';"
+                # The column of unique jobs came later; here it follows the type.
+                f"ALTER TABLE {schema}.jobs ALTER COLUMN unique_states"
+                f" TYPE {schema}.job_status[] USING unique_states::text[]::{schema}.job_status[];"
                 f"DROP TYPE {schema}.job_status_current"
             )
         )

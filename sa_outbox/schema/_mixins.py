@@ -77,6 +77,10 @@ class JobMixin:
     updated_at: Mapped[dt.datetime] = _column(_JOB_COLUMNS, "updated_at")
     #: String headers (the W3C trace context it was enqueued in, and the caller's own).
     headers: Mapped[dict[str, str] | None] = _column(_JOB_COLUMNS, "headers")
+    #: A unique job's key (a digest of what makes it unique, and its time window), else NULL.
+    unique_key: Mapped[str | None] = _column(_JOB_COLUMNS, "unique_key")
+    #: The states in which a unique job holds its key (docs/unique.md), else NULL.
+    unique_states: Mapped[list[JobStatus] | None] = _column(_JOB_COLUMNS, "unique_states")
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:
