@@ -71,6 +71,7 @@ from .queue import (
     QueueStatus,
     ReclaimedJob,
     RejectedEvent,
+    RetriedJobs,
     RetryResult,
     RunningJob,
     ThroughputMinute,
@@ -105,7 +106,7 @@ from .schema import (
     QueuePauseMixin,
     RateLimitLogMixin,
 )
-from .statements import ClaimLimits, Limit, NewJob
+from .statements import ClaimLimits, Limit, NewJob, Unique
 from .worker import (
     ALL_KINDS,
     AsyncReclaimer,
@@ -207,6 +208,7 @@ __all__ = [
     "RelayMetrics",
     "RelayReport",
     "Retention",
+    "RetriedJobs",
     "RetryResult",
     "RunningJob",
     "SaOutboxError",
@@ -215,6 +217,7 @@ __all__ = [
     "Supervisor",
     "TableHealth",
     "ThroughputMinute",
+    "Unique",
     "UnknownEventType",
     "UnknownJobKind",
     "VacuumPolicy",

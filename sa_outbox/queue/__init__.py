@@ -60,6 +60,7 @@ from ._results import (
     ParkedEvent,
     ReclaimedJob,
     RejectedEvent,
+    RetriedJobs,
     RetryResult,
 )
 
@@ -87,6 +88,7 @@ __all__ = [
     "QueueStatus",
     "ReclaimedJob",
     "RejectedEvent",
+    "RetriedJobs",
     "RetryResult",
     "RunningJob",
     "ThroughputMinute",

@@ -32,6 +32,7 @@ from ._results import (
     ClaimedJob,
     EnqueueResult,
     ReclaimedJob,
+    RetriedJobs,
     RetryResult,
 )
 
@@ -105,8 +106,10 @@ class JobQueue(_Base):
         max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
+        unique: st.Unique | None = None,
     ) -> EnqueueResult:
-        """Add one job; ``inserted`` is False when its deduplication key is already taken.
+        """Add one job; ``inserted`` is False when its deduplication key is already taken (or,
+        for a ``unique`` job, its unique key: `Unique`, docs/unique.md).
 
         On a `Connection` or `Session` the job joins the caller's transaction and commits
         with it. Given the `Engine` itself, it is one autocommit ``INSERT``: one round trip,
@@ -130,6 +133,7 @@ class JobQueue(_Base):
             "max_attempts": max_attempts,
             "deduplication_key": deduplication_key,
             "headers": headers,
+            "unique": unique,
         }
         values = self._ops.enqueue_values(kind, payload, options)
         result = self._ops.enqueue_on_cursor(conn, values)
@@ -315,8 +319,11 @@ class JobQueue(_Base):
         kinds: str | Sequence[str] | None = None,
         queues: str | Sequence[str] | None = None,
         reset_attempts: bool = True,
-    ) -> list[uuid.UUID]:
+    ) -> RetriedJobs:
         """Send failed jobs back to ``pending`` now; returns their ids.
+
+        A unique job whose key another job holds is left ``failed``: the result's
+        ``skipped`` maps it to the job holding its key (`RetriedJobs`, docs/unique.md).
 
         Examples:
             queue.requeue_failed(conn, kinds="send-email")
@@ -392,6 +399,7 @@ class AsyncJobQueue(_Base):
         max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
+        unique: st.Unique | None = None,
     ) -> EnqueueResult:
         """See `JobQueue.enqueue`; given the `AsyncEngine`, one autocommit ``INSERT``.
 
@@ -406,6 +414,7 @@ class AsyncJobQueue(_Base):
             "max_attempts": max_attempts,
             "deduplication_key": deduplication_key,
             "headers": headers,
+            "unique": unique,
         }
         op = self._ops.enqueue(self._ops.enqueue_values(kind, payload, options))
         if is_async_engine(conn):
@@ -517,7 +526,7 @@ class AsyncJobQueue(_Base):
         kinds: str | Sequence[str] | None = None,
         queues: str | Sequence[str] | None = None,
         reset_attempts: bool = True,
-    ) -> list[uuid.UUID]:
+    ) -> RetriedJobs:
         """See `JobQueue.requeue_failed`."""
         options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
         return await _adrive(conn, self._ops.requeue_failed(options))

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard
 
 from sqlalchemy import (
+    BigInteger,
     DateTime,
     Integer,
     Interval,
@@ -29,6 +30,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
 from sqlalchemy.engine.interfaces import BindTyping
 from sqlalchemy.sql.dml import ReturningInsert
+from sqlalchemy.sql.elements import ColumnClause
 from sqlalchemy.sql.selectable import TextualSelect
 
 from .._clock import Clock
@@ -59,6 +61,7 @@ from ._common import (
 )
 from ._job_defaults import _MAX_INT, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from ._job_headers import job_headers_text
+from ._job_unique import Unique, refuse_unique_on, unique_key_sql, unique_parts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,6 +83,8 @@ class NewJob:
     deduplication_key: str | None = None
     #: String headers of the job's own (str to str); the current trace context joins them.
     headers: Mapping[str, str] | None = None
+    #: What makes the job unique (`Unique`, docs/unique.md); ``None``: an ordinary job.
+    unique: Unique | None = None
 
     def __init__(
         self,
@@ -92,6 +97,7 @@ class NewJob:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
+        unique: Unique | None = None,
     ) -> None:
         # The generated __init__ of a frozen dataclass, but setting each slot through its
         # own descriptor instead of object.__setattr__: 40 % less, for jobs built by the
@@ -105,6 +111,7 @@ class NewJob:
         _set_max_attempts(self, max_attempts)
         _set_deduplication_key(self, deduplication_key)
         _set_headers(self, headers)
+        _set_unique(self, unique)
 
 
 (
@@ -117,6 +124,7 @@ class NewJob:
     _set_max_attempts,
     _set_deduplication_key,
     _set_headers,
+    _set_unique,
 ) = (NewJob.__dict__[field.name].__set__ for field in dataclasses.fields(NewJob))
 
 
@@ -132,6 +140,7 @@ class _Checked:
     max_attempts: int
     deduplication_key: str | None
     headers: str | None  # JSON text, or None (NULL)
+    unique: tuple[str, int | None, str] | None  # `unique_parts`, or None: not unique
 
 
 def _check(
@@ -144,11 +153,13 @@ def _check(
     kind = name(job.kind, "kind")
     if job.run_at is not None and job.delay is not None:
         raise InvalidArgument(f"job kind {kind!r}: give run_at or delay, not both")
+    payload = serialise(job.payload, f"job kind {kind!r}", dumps, limit)
+    queue = name(job.queue, "queue")
     return _Checked(
         id=uuid7() if job_id is None else job_id,
         kind=kind,
-        payload=serialise(job.payload, f"job kind {kind!r}", dumps, limit),
-        queue=name(job.queue, "queue"),
+        payload=payload,
+        queue=queue,
         priority=count(job.priority, "priority", minimum=-_MAX_INT, maximum=_MAX_INT),
         run_at=None if job.run_at is None else aware_datetime(job.run_at, "run_at"),
         delay=None if job.delay is None else duration(job.delay, "delay", allow_zero=True),
@@ -157,11 +168,20 @@ def _check(
             job.deduplication_key, "deduplication_key", MAX_DEDUPLICATION_KEY_LENGTH
         ),
         headers=job_headers_text(job.headers, trace, f"job kind {kind!r}"),
+        unique=None
+        if job.unique is None
+        else unique_parts(job.unique, kind, queue, payload, f"job kind {kind!r}"),
     )
 
 
-def _on_conflict_skip(stmt: Insert, target: Any) -> Insert:
+def _on_conflict_skip(stmt: Insert, target: Any, unique: bool = False) -> Insert:
     t = table_of(target)
+    if unique:
+        # Two unique indexes may refuse the row, {t}_dedup_idx and {t}_unique_idx, and an
+        # ON CONFLICT names one at most: without a target it skips a conflict on any (the
+        # third, the primary key, never conflicts: ids are new UUIDv7).
+        refuse_unique_on(t)
+        return stmt.on_conflict_do_nothing()
     if partition_interval_of(t) is not None:
         # No unique index can hold the key across partitions: the table's dedup trigger
         # skips the row instead, and RETURNING leaves it out as ON CONFLICT would.
@@ -214,6 +234,7 @@ def enqueue_job(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
+    unique: Unique | None = None,
     clock: Clock | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -226,6 +247,10 @@ def enqueue_job(
     table's dedup trigger skips a taken key, with the same result (docs/partitions.md).
     ``headers`` (str to str, at most `MAX_HEADERS_BYTES` as JSON) are stored as they are:
     this builder reads no trace context (the executors add it, see docs/tracing.md).
+    A ``unique`` job (`Unique`, docs/unique.md) gets its key and states, and the statement
+    an ``ON CONFLICT DO NOTHING`` without a target, which skips it when either its
+    deduplication key or its unique key is taken; it is refused on a partitioned table and
+    on one without the unique columns.
 
     Examples:
         >>> from sqlalchemy.dialects import postgresql
@@ -241,7 +266,16 @@ def enqueue_job(
     """
     job = _check(
         NewJob(
-            kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key, headers
+            kind,
+            payload,
+            queue,
+            priority,
+            run_at,
+            delay,
+            max_attempts,
+            deduplication_key,
+            headers,
+            unique,
         ),
         dumps,
         max_payload_bytes,
@@ -264,8 +298,23 @@ def enqueue_job(
         created_at=now,
         updated_at=now,
         **_headers_values(t, job.headers, headers is not None),
+        **_unique_values(t, job.unique, now),
     )
-    return _on_conflict_skip(stmt, t).returning(t.c.id)
+    return _on_conflict_skip(stmt, t, job.unique is not None).returning(t.c.id)
+
+
+def _unique_values(t: Any, parts: tuple[str, int | None, str] | None, now: Any) -> dict[str, Any]:
+    """The ``unique_key`` and ``unique_states`` values of a unique job (none for another)."""
+    if parts is None:
+        return {}
+    refuse_unique_on(t)
+    digest, period, states = parts
+    return {
+        "unique_key": unique_key_sql(
+            bindparam(None, digest, type_=Text()), bindparam(None, period, type_=BigInteger()), now
+        ),
+        "unique_states": cast(bindparam(None, states, type_=Text()), t.c.unique_states.type),
+    }
 
 
 #: The bind parameters of `enqueue_job_template`, in the order of its columns.
@@ -281,17 +330,29 @@ ENQUEUE_PARAMETERS = (
     "job_deduplication_key",
     "job_headers",
 )
+#: The bind parameters of `enqueue_job_template` with ``unique=True``: these and three more.
+UNIQUE_ENQUEUE_PARAMETERS = (
+    *ENQUEUE_PARAMETERS,
+    "job_unique_digest",
+    "job_unique_period",
+    "job_unique_states",
+)
 _ZERO = dt.timedelta()
 
 
-def enqueue_job_template(target: object, *, clock: Clock | None = None) -> ReturningInsert[Any]:
+def enqueue_job_template(
+    target: object, *, clock: Clock | None = None, unique: bool = False
+) -> ReturningInsert[Any]:
     """`enqueue_job`'s statement with every value of a job a named bind parameter.
 
     One shape serves every job: build it once, then run it with the values
     `enqueue_job_values` checks and returns, so SQLAlchemy's compiled cache is hit and no
     statement is built per job. ``run_at`` is ``coalesce(:job_run_at, now + :job_delay)``;
     ``job_headers`` is JSON text or ``None`` (on a table without the ``headers`` column the
-    statement has no such parameter, and the value is ignored).
+    statement has no such parameter, and the value is ignored). ``unique=True``: the
+    statement of unique jobs, which takes the ``job_unique_*`` values too
+    (`UNIQUE_ENQUEUE_PARAMETERS`) and skips a conflict on any unique index; the statement of
+    ordinary jobs is not changed by it.
 
     Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -329,8 +390,22 @@ def enqueue_job_template(target: object, *, clock: Clock | None = None) -> Retur
             if has_headers(t)
             else {}
         ),
+        **(
+            {
+                "unique_key": unique_key_sql(
+                    bindparam("job_unique_digest", type_=Text()),
+                    bindparam("job_unique_period", type_=BigInteger()),
+                    now,
+                ),
+                "unique_states": cast(
+                    bindparam("job_unique_states", type_=Text()), c.unique_states.type
+                ),
+            }
+            if unique
+            else {}
+        ),
     )
-    return _on_conflict_skip(stmt, t).returning(t.c.id)
+    return _on_conflict_skip(stmt, t, unique).returning(t.c.id)
 
 
 def precompiled(stmt: ReturningInsert[Any]) -> TextualSelect:
@@ -380,6 +455,7 @@ def enqueue_job_values(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
+    unique: Unique | None = None,
     trace_headers: Mapping[str, str] | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -388,7 +464,9 @@ def enqueue_job_values(
     `enqueue_job` checks them (bad input raises here, before any SQL), with a new id.
 
     ``trace_headers`` (the current trace context, as the executors pass it) join
-    ``headers`` under them: the caller's own headers win a clash.
+    ``headers`` under them: the caller's own headers win a clash. A ``unique`` job's values
+    hold the ``job_unique_*`` parameters too: run them with
+    ``enqueue_job_template(…, unique=True)``.
 
     Examples:
         >>> values = enqueue_job_values("index-book", {"book_id": 1}, delay=30)
@@ -405,6 +483,7 @@ def enqueue_job_values(
         and run_at is None
         and delay is None
         and (deduplication_key is None or type(deduplication_key) is str)
+        and unique is None
     ):
         if deduplication_key is not None:
             deduplication_key = optional_key(
@@ -426,13 +505,22 @@ def enqueue_job_values(
         }
     job = _check(
         NewJob(
-            kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key, headers
+            kind,
+            payload,
+            queue,
+            priority,
+            run_at,
+            delay,
+            max_attempts,
+            deduplication_key,
+            headers,
+            unique,
         ),
         dumps,
         max_payload_bytes,
         trace=trace_headers,
     )
-    return {
+    values = {
         "job_id": job.id,
         "job_queue": job.queue,
         "job_kind": job.kind,
@@ -444,6 +532,12 @@ def enqueue_job_values(
         "job_deduplication_key": job.deduplication_key,
         "job_headers": job.headers,
     }
+    if job.unique is not None:
+        digest, period, states = job.unique
+        values["job_unique_digest"] = digest
+        values["job_unique_period"] = period
+        values["job_unique_states"] = states
+    return values
 
 
 def enqueue_jobs(
@@ -464,6 +558,10 @@ def enqueue_jobs(
     document (one object per job, payloads embedded as they were serialised): one string
     parameter for the driver to send, where arrays would be adapted element by element.
     ``trace_headers`` join every job's own ``headers``, under them (see `enqueue_job_values`).
+    When a job of the batch is ``unique`` (`Unique`), the statement carries the unique
+    columns and its ``ON CONFLICT DO NOTHING`` has no target: a job is then skipped when
+    its deduplication key or its unique key is taken, by an earlier job or one earlier in
+    the batch.
 
     Examples:
         >>> from sa_outbox.schema import JobMixin
@@ -480,11 +578,13 @@ def enqueue_jobs(
     # One block of ids for the batch: the same UUIDv7 sequence, a tenth of the cost.
     values = uuid7_ints(len(jobs))
     trace = trace_headers if with_headers else None
-    document = _jobs_document(jobs, values, dumps, max_payload_bytes, trace)
+    document, unique = _jobs_document(jobs, values, dumps, max_payload_bytes, trace)
     if not jobs:
         raise InvalidArgument("enqueue_jobs needs at least one job")
     if not with_headers and any(job.headers is not None for job in jobs):
         raise no_headers_column(t)
+    if unique:
+        refuse_unique_on(t)
     now = now_of(clock)
     rows = (
         func.jsonb_to_recordset(cast(bindparam(None, document, type_=Text()), JSONB))
@@ -499,6 +599,7 @@ def enqueue_jobs(
             column("max_attempts", Integer()),
             column("dedup", Text()),
             *([column("headers", JSONB())] if with_headers else []),
+            *(_unique_fields() if unique else []),
         )
         .render_derived(name="new_jobs", with_types=True)
     )
@@ -519,6 +620,14 @@ def enqueue_jobs(
         now,
         now,
         *([rows.c.headers] if with_headers else []),
+        *(
+            [
+                unique_key_sql(rows.c.unique_digest, rows.c.unique_period, now),
+                cast(rows.c.unique_states, t.c.unique_states.type),
+            ]
+            if unique
+            else []
+        ),
     )
     columns = [
         "id",
@@ -533,9 +642,20 @@ def enqueue_jobs(
         "created_at",
         "updated_at",
         *(["headers"] if with_headers else []),
+        *(["unique_key", "unique_states"] if unique else []),
     ]
-    stmt = _on_conflict_skip(insert(t).from_select(columns, source), t).returning(t.c.id)
+    skipping = _on_conflict_skip(insert(t).from_select(columns, source), t, unique)
+    stmt = skipping.returning(t.c.id)
     return stmt, [uuid.UUID(int=value) for value in values]
+
+
+def _unique_fields() -> list[ColumnClause[Any]]:
+    """The unique jobs' fields of `enqueue_jobs`' recordset (`_checked_object` writes them)."""
+    return [
+        column("unique_digest", Text()),
+        column("unique_period", BigInteger()),
+        column("unique_states", Text()),
+    ]
 
 
 # A JSON string literal as compact_json writes one (UTF-8 kept, only what JSON escapes).
@@ -550,8 +670,8 @@ _NO_ID = uuid.UUID(int=0)
 
 def _plain(job: object) -> TypeGuard[NewJob]:
     """Whether ``job`` is exactly a `NewJob` that `_check` accepts as it is: names `name`
-    accepts, int fields, no run_at, delay, deduplication key or headers (a subclass, or a
-    bool, is not plain)."""
+    accepts, int fields, no run_at, delay, deduplication key, headers or unique (a subclass,
+    or a bool, is not plain)."""
     if type(job) is not NewJob:
         return False
     kind, queue, priority, attempts = job.kind, job.queue, job.priority, job.max_attempts
@@ -566,6 +686,7 @@ def _plain(job: object) -> TypeGuard[NewJob]:
         and job.delay is None
         and job.deduplication_key is None
         and job.headers is None
+        and job.unique is None
     )
 
 
@@ -575,8 +696,9 @@ def _jobs_document(
     dumps: Dumps,
     limit: int,
     trace: Mapping[str, str] | None = None,
-) -> str:
-    """The jobs as the JSON array `enqueue_jobs` sends: checked in order, as `_check` does.
+) -> tuple[str, bool]:
+    """The jobs as the JSON array `enqueue_jobs` sends: checked in order, as `_check` does;
+    and whether one of them is unique (its object then holds the ``unique_*`` fields).
 
     A plain job (`_plain`) whose fields are the very objects of the plain job checked
     before it (``NewJob("send", {...})`` in a loop) needs identity tests only, and its
@@ -596,6 +718,7 @@ def _jobs_document(
     # The trace context is the same for every job: serialised once (its values are the
     # propagator's ASCII, so a plain job's headers need no check).
     end = "}" if not trace else f',"headers":{job_headers_text(None, trace, "jobs")}}}'
+    unique = False
     for job_id, job in zip(ids, jobs, strict=True):
         if not (
             type(job) is NewJob
@@ -607,9 +730,11 @@ def _jobs_document(
             and job.delay is None
             and job.deduplication_key is None
             and job.headers is None
+            and job.unique is None
         ):
             if not _plain(job):
                 append(_checked_object(job, job_id, dumps, limit, trace))
+                unique = unique or job.unique is not None
                 continue
             kind, queue = job.kind, job.queue
             priority, attempts = job.priority, job.max_attempts
@@ -631,7 +756,7 @@ def _jobs_document(
         ):  # raises if it holds what jsonb refuses; often it does not (many brackets, say)
             refuse_unstorable(payload, job.payload, f"job kind {job.kind!r}")
         append(f'{{"id":"{job_id:032x}"{head}{payload}{tail}')
-    return f"[{','.join(objects)}]"
+    return f"[{','.join(objects)}]", unique
 
 
 def _checked_object(
@@ -653,4 +778,9 @@ def _checked_object(
         text += f',"dedup":{_json_str(c.deduplication_key)}'
     if c.headers is not None:
         text += f',"headers":{c.headers}'
+    if c.unique is not None:
+        digest, period, states = c.unique
+        text += f',"unique_digest":"{digest}","unique_states":"{states}"'
+        if period is not None:
+            text += f',"unique_period":{period}'
     return text + "}"

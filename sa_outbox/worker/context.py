@@ -26,7 +26,7 @@ from typing import Any
 
 from .._tracing import current_trace_headers
 from ..queue._results import ClaimedJob
-from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob
+from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, Unique
 from .errors import JobCancelled
 
 __all__ = ["CancelReason", "CancelToken", "JobContext"]
@@ -257,6 +257,7 @@ class JobContext:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
+        unique: Unique | None = None,
     ) -> None:
         """Enqueue a follow-up job, written in the transaction that completes this one.
 
@@ -266,12 +267,23 @@ class JobContext:
         enqueue at once instead, use `JobQueue.enqueue` in a transaction of your own. Bad
         input (an unserialisable payload…) raises here, in the handler. The trace context
         current here (this job's span, with OpenTelemetry) joins ``headers``, under them.
+        A ``unique`` follow-up (`Unique`) is skipped when its unique key is held when the
+        completion is written (docs/unique.md).
         """
         trace = current_trace_headers()
         if trace is not None and (headers is None or isinstance(headers, Mapping)):
             headers = {**trace, **(headers or {})}
         job = NewJob(
-            kind, payload, queue, priority, run_at, delay, max_attempts, deduplication_key, headers
+            kind,
+            payload,
+            queue,
+            priority,
+            run_at,
+            delay,
+            max_attempts,
+            deduplication_key,
+            headers,
+            unique,
         )
         if self._check is not None:
             self._check(job)
