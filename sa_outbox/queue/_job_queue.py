@@ -148,7 +148,9 @@ class JobQueue(_Base):
         """Add many jobs in one statement; results come in input order.
 
         Each `NewJob` may have ``headers`` of its own; the current trace context (with
-        OpenTelemetry installed) joins them, under them.
+        OpenTelemetry installed) joins them, under them. Unique jobs (``NewJob(...,
+        unique=Unique(...))``) and ordinary ones mix in one batch; a unique job whose key is
+        held, by an earlier job or one earlier in the batch, comes back ``inserted=False``.
 
         Examples:
             queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])
@@ -158,11 +160,12 @@ class JobQueue(_Base):
     def enqueue_copy(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> int:
         """Add many jobs with PostgreSQL's ``COPY``, the fastest path; returns how many.
 
-        For large batches without deduplication keys (a job with one is refused: COPY has no
-        ON CONFLICT; use `enqueue_many`). Every job is checked before any row is sent, ids
-        follow input order, nothing commits here, and workers are notified once at commit.
-        Needs the psycopg (3) driver. See docs/worker.md, "Enqueueing many jobs". As with
-        `enqueue_many`, the current trace context joins every job's headers.
+        For large batches without deduplication keys (a job with one, or a unique job, is
+        refused: COPY has no ON CONFLICT; use `enqueue_many`). Every job is checked before
+        any row is sent, ids follow input order, nothing commits here, and workers are
+        notified once at commit. Needs the psycopg (3) driver. See docs/worker.md,
+        "Enqueueing many jobs". As with `enqueue_many`, the current trace context joins
+        every job's headers.
 
         Examples:
             queue.enqueue_copy(conn, [NewJob("resize", {"image": n}) for n in range(1000)])

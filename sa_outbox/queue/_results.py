@@ -13,7 +13,8 @@ from ..schema import JobStatus
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EnqueueResult:
-    """What an enqueue did: ``inserted`` is False when the deduplication key was taken.
+    """What an enqueue did: ``inserted`` is False when the deduplication key was taken, or a
+    unique job's key was held (`Unique`); ``id`` is then ``None``.
 
     Examples:
         >>> EnqueueResult(id=None, inserted=False).inserted
