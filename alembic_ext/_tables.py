@@ -119,7 +119,7 @@ def table_kind(table: Table) -> TableKind | None:
 #: Columns a release added after the first: a table made before it lacks them and is still
 #: recognised (its ``alembic revision --autogenerate`` adds them, docs/upgrading.md).
 ADDED_COLUMNS: dict[TableKind, frozenset[str]] = {
-    "job": frozenset({"headers", "lock_key", "lock_seq"}),
+    "job": frozenset({"headers", "lock_key", "lock_seq", "unique_key", "unique_states"}),
     "outbox": frozenset(),
     "inbox": frozenset(),
 }

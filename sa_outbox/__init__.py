@@ -74,6 +74,7 @@ from .queue import (
     QueueStatus,
     ReclaimedJob,
     RejectedEvent,
+    RetriedJobs,
     RetryResult,
     RunningJob,
     ThroughputMinute,
@@ -110,7 +111,7 @@ from .schema import (
     QueuePauseMixin,
     RateLimitLogMixin,
 )
-from .statements import ClaimLimits, Limit, NewJob
+from .statements import ClaimLimits, Limit, NewJob, Unique
 from .worker import (
     ALL_KINDS,
     AsyncReclaimer,
@@ -216,6 +217,7 @@ __all__ = [
     "RelayMetrics",
     "RelayReport",
     "Retention",
+    "RetriedJobs",
     "RetryResult",
     "RunningJob",
     "SaOutboxError",
@@ -224,6 +226,7 @@ __all__ = [
     "Supervisor",
     "TableHealth",
     "ThroughputMinute",
+    "Unique",
     "UnknownEventType",
     "UnknownJobKind",
     "VacuumPolicy",

@@ -164,6 +164,8 @@ def expected_indexes(schema: str) -> dict[str, str]:
         "jobs_serial_idx": f"CREATE INDEX jobs_serial_idx {on_jobs} (lock_key, lock_seq) WHERE"
         f" ((lock_key IS NOT NULL) AND ((status = 'pending'{status}) OR"
         f" (status = 'running'{status})))",
+        "jobs_unique_idx": f"CREATE UNIQUE INDEX jobs_unique_idx {on_jobs} (unique_key)"
+        " WHERE ((unique_key IS NOT NULL) AND (status = ANY (unique_states)))",
         "outbox_pkey": f"CREATE UNIQUE INDEX outbox_pkey {on_outbox} (id)",
         "outbox_seq_key": f"CREATE UNIQUE INDEX outbox_seq_key {on_outbox} (seq)",
         "outbox_ready_idx": f"CREATE INDEX outbox_ready_idx {on_outbox} (seq)"

@@ -473,8 +473,9 @@ def _retry(args: argparse.Namespace) -> int:
         format_retried(
             retried,
             in_json=args.json,
-            nothing="no failed jobs to retry",
+            nothing="no job retried" if retried.skipped else "no failed jobs to retry",
             done=f"retried {len(retried)} job(s), pending now:",
+            skipped=retried.skipped,
         )
     )
     return 0

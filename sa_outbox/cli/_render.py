@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..queue import as_plain
@@ -108,6 +108,8 @@ def format_record(found: dict[str, Any], *, long: tuple[str, ...]) -> str:
         if name in long:
             continue
         shown = moment(value) + " UTC" if isinstance(value, dt.datetime) else value
+        if isinstance(value, list):  # a unique job's states
+            shown = ", ".join(str(item) for item in value)
         lines.append(f"{name + ':':<{width}}{'-' if shown is None else shown}")
     for name in long:
         if name not in found:
@@ -143,17 +145,37 @@ def listed_ids(ids: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def format_retried(retried: list[Any], *, in_json: bool, nothing: str, done: str) -> str:
+def format_retried(
+    retried: list[Any],
+    *,
+    in_json: bool,
+    nothing: str,
+    done: str,
+    skipped: Mapping[Any, Any] | None = None,
+) -> str:
     """What a retry prints: ``{"retried": [...]}`` with ``in_json``, else ``nothing`` when
-    none changed, else ``done`` and the ids (`listed_ids`).
+    none changed, else ``done`` and the ids (`listed_ids`). ``skipped`` (a unique job left
+    failed: the job holding its key) adds ``"skipped": {id: held_by}``, or a line for each.
 
     Examples:
         >>> print(format_retried([1], in_json=False, nothing="none", done="retried 1:"))
         retried 1:
           1
+        >>> print(format_retried([], in_json=False, nothing="none", done="", skipped={2: 1}))
+        none
+        skipped 1 unique job(s) whose key another job holds:
+          2 (key held by 1)
     """
     if in_json:
-        return as_json({"retried": retried})
-    if not retried:
-        return nothing
-    return f"{done}\n{listed_ids(retried)}"
+        shown: dict[str, Any] = {"retried": retried}
+        if skipped:
+            shown["skipped"] = {str(k): str(v) for k, v in skipped.items()}
+        return as_json(shown)
+    text = f"{done}\n{listed_ids(retried)}" if retried else nothing
+    if skipped:
+        held = [f"{job} (key held by {holder})" for job, holder in skipped.items()]
+        text += (
+            f"\nskipped {len(skipped)} unique job(s) whose key another job holds:\n"
+            f"{listed_ids(held)}"
+        )
+    return text

@@ -187,6 +187,7 @@ def dashboard_blueprint(
                 JobRow(**{**row._asdict(), "status": str(row.status)}) for row in conn.execute(stmt)
             ]
         filters = {"status": status or "", "kind": kind or "", "queue": queue or ""}
+        skipped = request.args.get("skipped", "")
         return render(
             "jobs.html",
             jobs=found[:PAGE_SIZE],
@@ -194,6 +195,7 @@ def dashboard_blueprint(
             more=len(found) > PAGE_SIZE,
             filters=filters,
             statuses=_STATUSES,
+            skipped=int(skipped) if skipped.isascii() and skipped.isdigit() else 0,
         )
 
     @bp.get("/jobs/<job_id>")
@@ -225,12 +227,20 @@ def dashboard_blueprint(
             return _page(str(exc), 404 if str(exc).startswith(f"no {noun} ") else 409)
         return redirect(then(wanted))
 
+    def retry_failed_job(conn: Connection, wanted: uuid.UUID) -> None:
+        retried = retry_failed(conn, jobs, ids=[wanted])
+        if wanted in retried.skipped:  # a 409 page: the job stays failed
+            raise InvalidArgument(
+                f"job {wanted} was not retried: job {retried.skipped[wanted]} holds its "
+                "unique key (a unique job, see docs/unique.md)"
+            )
+
     @bp.post("/jobs/<job_id>/retry")
     def retry_job(job_id: str) -> BaseResponse:
         return retry_one(
             job_id,
             "job",
-            lambda conn, wanted: retry_failed(conn, jobs, ids=[wanted]),
+            retry_failed_job,
             lambda wanted: url_for(f"{name}.job_detail", job_id=str(wanted)),
         )
 
@@ -238,8 +248,12 @@ def dashboard_blueprint(
     def retry_all_failed() -> BaseResponse:
         kind = request.form.get("kind") or None
         with get_engine().begin() as conn:
-            retry_failed(conn, jobs, kinds=kind)
-        return redirect(url_for(f"{name}.job_list", status="failed"))
+            retried = retry_failed(conn, jobs, kinds=kind)
+        # The failed list then says how many unique jobs stayed failed (their key is held).
+        shown: dict[str, Any] = {"status": "failed"}
+        if retried.skipped:
+            shown["skipped"] = len(retried.skipped)
+        return redirect(url_for(f"{name}.job_list", **shown))
 
     @bp.post("/jobs/<job_id>/cancel")
     def cancel_job(job_id: str) -> BaseResponse:

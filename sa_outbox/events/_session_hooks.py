@@ -31,7 +31,13 @@ from ..queue._job_queue import AsyncJobQueue, JobQueue
 from ..queue._results import EnqueueResult
 from ..schema import JobMixin, OutboxMixin, resolve_table
 from ..schema._event_types import added_order, field_values, is_domain_event, mark_added
-from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, append_events, check_event
+from ..statements import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    Unique,
+    append_events,
+    check_event,
+)
 from ._rows import event_row
 
 if TYPE_CHECKING:
@@ -280,6 +286,7 @@ def enqueue(
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     lock_key: str | None = None,
+    unique: Unique | None = None,
 ) -> EnqueueResult: ...
 
 
@@ -298,6 +305,7 @@ def enqueue(
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     lock_key: str | None = None,
+    unique: Unique | None = None,
 ) -> Awaitable[EnqueueResult]: ...
 
 
@@ -315,6 +323,7 @@ def enqueue(
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     lock_key: str | None = None,
+    unique: Unique | None = None,
 ) -> EnqueueResult | Awaitable[EnqueueResult]:
     """Add a job in the session's transaction; ``await`` it on an ``AsyncSession``.
 
@@ -324,7 +333,9 @@ def enqueue(
     Given an `Engine` (``AsyncEngine``) instead, the job is one autocommit ``INSERT`` of its
     own, committed when this returns (`JobQueue.enqueue`). ``headers`` and the current
     trace context travel with the job as `JobQueue.enqueue` says (docs/tracing.md);
-    ``lock_key`` makes it a serial job (docs/concurrency.md).
+    ``lock_key`` makes it a serial job (docs/concurrency.md). A ``unique`` job
+    (`Unique`) is skipped, ``inserted=False``, while a job with its unique key holds it
+    (docs/unique.md).
 
     Examples:
         with Session(engine) as session, session.begin():
@@ -343,6 +354,7 @@ def enqueue(
         "deduplication_key": deduplication_key,
         "headers": headers,
         "lock_key": lock_key,
+        "unique": unique,
     }
     # AsyncSession has a sync_session; AsyncConnection and AsyncEngine have a sync_engine.
     if hasattr(session, "sync_session") or hasattr(session, "sync_engine"):

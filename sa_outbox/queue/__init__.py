@@ -62,6 +62,7 @@ from ._results import (
     ParkedEvent,
     ReclaimedJob,
     RejectedEvent,
+    RetriedJobs,
     RetryResult,
 )
 
@@ -91,6 +92,7 @@ __all__ = [
     "QueueStatus",
     "ReclaimedJob",
     "RejectedEvent",
+    "RetriedJobs",
     "RetryResult",
     "RunningJob",
     "ThroughputMinute",

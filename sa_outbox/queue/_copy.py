@@ -14,11 +14,12 @@ takes rows as they are: no ``ON CONFLICT``, no ``RETURNING``. Hence the contract
   (`uuid7_hex`) and the payloads serialised by `fast_compact_json`'s C encoder, called
   directly: about 0.4 µs per job on the benchmark machine, against some 7 µs for the
   round trips and commit of a 1,000-row COPY (docs/performance.md, "Bulk enqueue (W3)").
-- Jobs with a ``deduplication_key`` are refused. A conflict would abort the whole COPY (and
-  the caller's transaction); skipping it would need a staging table — ``CREATE TEMP TABLE``
-  per call, which writes the system catalogs every time — then the same ``INSERT … SELECT …
-  ON CONFLICT … RETURNING`` `enqueue_many` already runs, at its speed. Deduplicated jobs go
-  through `enqueue_many`, which also says which ones were inserted.
+- Jobs with a ``deduplication_key``, and unique jobs (`Unique`), are refused. A conflict
+  would abort the whole COPY (and the caller's transaction); skipping it would need a
+  staging table — ``CREATE TEMP TABLE`` per call, which writes the system catalogs every
+  time — then the same ``INSERT … SELECT … ON CONFLICT … RETURNING`` `enqueue_many` already
+  runs, at its speed. Deduplicated and unique jobs go through `enqueue_many`, which also
+  says which ones were inserted.
 - Ids are UUIDv7 made here, in input order, so jobs of one priority and time are claimed in
   the order given; the count of rows written is returned (the ids are not: building a
   ``uuid.UUID`` per job costs more than writing it).
@@ -201,6 +202,7 @@ def plan_copy(
                 and job.deduplication_key is None
                 and job.headers is None
                 and job.lock_key is None
+                and job.unique is None
             ):
                 if not _usual(job):
                     times = _append_checked(
@@ -275,6 +277,12 @@ def _append_checked(
     if not isinstance(job, NewJob):
         raise InvalidArgumentType(f"must be a NewJob, got {type(job).__name__}")
     checked = _check(job, dumps, max_payload_bytes, _NO_ID, trace)
+    if checked.unique is not None:
+        raise InvalidArgument(
+            "is unique (Unique): COPY cannot skip a job whose unique key is held (no ON "
+            "CONFLICT); enqueue unique jobs with enqueue_many, which also tells which ones "
+            "were inserted"
+        )
     if checked.deduplication_key is not None:
         raise InvalidArgument(
             f"has deduplication_key {checked.deduplication_key!r}: COPY cannot skip a key "

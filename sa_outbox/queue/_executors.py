@@ -35,6 +35,7 @@ from ..statements._job_enqueue import (
     no_headers_column,
     no_lock_key_column,
 )
+from ..statements._job_unique import refuse_unique_on
 from ._cursor import NOT_RUN, DriverInsert
 from ._results import (
     BatchResult,
@@ -42,6 +43,7 @@ from ._results import (
     ClaimedJob,
     EnqueueResult,
     ReclaimedJob,
+    RetriedJobs,
     RetryResult,
 )
 
@@ -50,6 +52,8 @@ Pair: TypeAlias = tuple[uuid.UUID, uuid.UUID]
 T = TypeVar("T")
 #: What `enqueue_many` says of a job whose deduplication key was taken (immutable: shared).
 _NOT_INSERTED = EnqueueResult(id=None, inserted=False)
+#: The parameter a unique job's values hold (`st.UNIQUE_ENQUEUE_PARAMETERS`).
+_UNIQUE = "job_unique_digest"
 # A statement, or a statement and the values of its bind parameters (a statement built once
 # and run again with new values, see `_JobOps.complete_rows`).
 Step: TypeAlias = Executable | tuple[Executable, dict[str, Any]]
@@ -178,11 +182,15 @@ class _JobOps:
         self.table = resolve_table(model)
         self.has_headers = has_headers(self.table)
         self.has_lock_key = has_lock_key(self.table)
+        self.has_unique = st.has_unique_columns(self.table)
         self.clock = clock
         self.backoff = backoff or st.DEFAULT_BACKOFF
         self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
         self._enqueue: tuple[Executable, dict[str, Any] | None] | None = None
         self._driver_insert: DriverInsert | None = None
+        # The same two for unique jobs (a statement of their own, built when first needed).
+        self._enqueue_unique: tuple[Executable, dict[str, Any] | None] | None = None
+        self._driver_insert_unique: DriverInsert | None = None
         self._claims: dict[tuple[Any, ...], Executable] = {}
         self._locks: dict[st.ClaimLimits, Executable] = {}
         self._completion: Executable | None = None
@@ -205,6 +213,8 @@ class _JobOps:
             values["job_headers"] = None  # a table not migrated yet: the trace is dropped
         if values["job_lock_key"] is not None and not self.has_lock_key:
             raise no_lock_key_column(self.table)
+        if _UNIQUE in values:
+            refuse_unique_on(self.table)
         return values
 
     def enqueue_on_cursor(self, conn: SyncConn | Engine, values: dict[str, Any]) -> Any:
@@ -212,10 +222,18 @@ class _JobOps:
         `NOT_RUN` when it stepped aside (or a FakeClock's time must be bound)."""
         if self.clock is not None:
             return NOT_RUN
-        if self._driver_insert is None:
-            table = self.table
-            self._driver_insert = DriverInsert(lambda: st.enqueue_job_template(table))
-        row = self._driver_insert.run(conn, values)
+        table = self.table
+        if _UNIQUE in values:
+            if self._driver_insert_unique is None:
+                self._driver_insert_unique = DriverInsert(
+                    lambda: st.enqueue_job_template(table, unique=True)
+                )
+            insert = self._driver_insert_unique
+        else:
+            if self._driver_insert is None:
+                self._driver_insert = DriverInsert(lambda: st.enqueue_job_template(table))
+            insert = self._driver_insert
+        row = insert.run(conn, values)
         if row is NOT_RUN:
             return NOT_RUN
         return EnqueueResult(id=row[0] if row else None, inserted=row is not None)
@@ -227,18 +245,24 @@ class _JobOps:
         return EnqueueResult(id=row[0] if row else None, inserted=row is not None)
 
     def _enqueue_step(self, values: dict[str, Any]) -> Step | BoundStep:
+        unique = _UNIQUE in values
         if self.clock is not None:  # a FakeClock's time is a bound value: built afresh
-            return st.enqueue_job_template(self.table, clock=self.clock), values
-        if self._enqueue is None:
-            core = st.enqueue_job_template(self.table)
+            return st.enqueue_job_template(self.table, clock=self.clock, unique=unique), values
+        built = self._enqueue_unique if unique else self._enqueue
+        if built is None:
+            core = st.enqueue_job_template(self.table, unique=unique)
             if core._generate_cache_key() is None:
                 # SQLAlchemy 2.0: its INSERT … ON CONFLICT has no cache key, so it would be
                 # compiled at every execution; its text (compiled here, once) is cached. A
                 # Session finds the engine of the text's table through the Core statement.
-                self._enqueue = st.precompiled(core), {"clause": core}
+                built = st.precompiled(core), {"clause": core}
             else:
-                self._enqueue = core, None
-        stmt, bind_arguments = self._enqueue
+                built = core, None
+            if unique:
+                self._enqueue_unique = built
+            else:
+                self._enqueue = built
+        stmt, bind_arguments = built
         return (stmt, values) if bind_arguments is None else (stmt, values, bind_arguments)
 
     def enqueue_many(
@@ -439,9 +463,15 @@ class _JobOps:
         )
         return [ReclaimedJob(r[0], JobStatus(r[1]), r[2], r[3]) for r in (yield stmt)]
 
-    def requeue_failed(self, options: dict[str, Any]) -> Op[list[uuid.UUID]]:
+    def requeue_failed(self, options: dict[str, Any]) -> Op[RetriedJobs]:
         stmt = st.requeue_failed_jobs(self.table, clock=self.clock, **options)
-        return [row[0] for row in (yield stmt)]
+        retried = [row[0] for row in (yield stmt)]
+        skipped: dict[uuid.UUID, uuid.UUID] = {}
+        if self.has_unique:  # which failed unique jobs it skipped: their key is held
+            filters = {name: options[name] for name in ("ids", "kinds", "queues")}
+            held = st.select_unique_held_failed_jobs(self.table, **filters)
+            skipped = {row[0]: row[1] for row in (yield held)}
+        return RetriedJobs(retried, skipped)
 
     def prune(self, options: dict[str, Any]) -> Op[int]:
         return (yield st.prune_jobs(self.table, clock=self.clock, **options)).rowcount  # type: ignore[no-any-return]

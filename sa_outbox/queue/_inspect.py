@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import IntegrityError
+
 from .. import statements as st
 from .._clock import Clock
 from .._exceptions import InvalidArgument
@@ -26,9 +28,10 @@ from ..schema import JobStatus, resolve_table
 from ..statements._common import as_uuid
 from ._control import PausedQueue
 from ._outbox import Outbox
+from ._results import RetriedJobs
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
+    from sqlalchemy import Connection, Table
 
 __all__ = [
     "ConnectedWorker",
@@ -339,6 +342,8 @@ def get_job(conn: Connection, jobs: object, job_id: object) -> dict[str, Any] | 
     found = dict(row._mapping)
     if "status" in found:
         found["status"] = str(found["status"])
+    if found.get("unique_states") is not None:  # a unique job's states, as their names
+        found["unique_states"] = [str(state) for state in found["unique_states"]]
     return found
 
 
@@ -370,7 +375,7 @@ def retry_failed(
     kinds: str | Sequence[str] | None = None,
     queues: str | Sequence[str] | None = None,
     reset_attempts: bool = False,
-) -> list[uuid.UUID]:
+) -> RetriedJobs:
     """Send failed jobs back to ``pending`` now and wake the workers; returns their ids.
 
     As River and Oban do, ``attempts`` is kept and ``max_attempts`` raised to give an
@@ -380,6 +385,12 @@ def retry_failed(
     exist or is not ``failed``, `InvalidArgument` says which, and the caller's transaction
     should roll back (``engine.begin()`` does) — nothing is retried.
 
+    A unique job (docs/unique.md) whose key another job holds is not an error: it stays
+    ``failed``, and the result's ``skipped`` maps it to the job holding its key
+    (`RetriedJobs`). A unique job enqueued by another transaction at the very moment of the
+    retry can still make the ``UPDATE`` meet the unique index: then it runs again, in a
+    savepoint, and skips that job too.
+
     Examples:
         with engine.begin() as conn:
             retried = retry_failed(conn, Job, kinds="send-email")
@@ -388,15 +399,22 @@ def retry_failed(
     if chosen is not None and not chosen:
         raise InvalidArgument("ids must name at least one job, or be None for all failed")
     options: dict[str, Any] = {"ids": chosen, "kinds": kinds, "queues": queues}
+    table = resolve_table(jobs)
     stmt: Any
     if reset_attempts:
-        stmt = st.requeue_failed_jobs(jobs, **options).returning(resolve_table(jobs).c.queue)
+        stmt = st.requeue_failed_jobs(jobs, **options).returning(table.c.queue)
     else:
         stmt = st.retry_failed_jobs(jobs, **options)
-    rows = conn.execute(stmt).all()
+    unique = st.has_unique_columns(table)
+    rows = _retry_rows(conn, table, stmt) if unique else conn.execute(stmt).all()
     retried = [row[0] for row in rows]
+    skipped: dict[uuid.UUID, uuid.UUID] = {}
+    if unique:
+        held = st.select_unique_held_failed_jobs(jobs, **options)
+        skipped = {row.id: row.held_by for row in conn.execute(held)}
     if chosen is not None:
-        missing = [i for i in dict.fromkeys(chosen) if i not in set(retried)]
+        done = set(retried) | skipped.keys()
+        missing = [i for i in dict.fromkeys(chosen) if i not in done]
         if missing:
             found: dict[uuid.UUID, str] = {
                 r.id: r.status for r in conn.execute(st.select_job_statuses(jobs, missing))
@@ -409,7 +427,29 @@ def retry_failed(
             raise InvalidArgument(f"job {first} is {found[first]}, not failed; nothing retried")
     if retried:
         conn.execute(st.notify_jobs(jobs, sorted({row[-1] for row in rows})))
-    return retried
+    return RetriedJobs(retried, skipped)
+
+
+#: How many times `retry_failed` runs its UPDATE when concurrent enqueues take the keys.
+_RETRY_RACES = 3
+
+
+def _retry_rows(conn: Connection, table: Table, stmt: Any) -> Sequence[Any]:
+    """The rows of a retry by hand on a table with unique jobs, run in a savepoint: if a
+    unique job committed since the statement began holds the key of a job it retries (the
+    guard could not see it), the savepoint is rolled back and the statement runs again,
+    and then skips that job."""
+    index = f"{table.name}_unique_idx"
+    races = 0
+    while True:
+        try:
+            with conn.begin_nested():
+                return conn.execute(stmt).all()
+        except IntegrityError as exc:
+            constraint = getattr(getattr(exc.orig, "diag", None), "constraint_name", None)
+            races += 1
+            if constraint != index or races == _RETRY_RACES:
+                raise
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,7 @@ from ._results import (
     ClaimedJob,
     EnqueueResult,
     ReclaimedJob,
+    RetriedJobs,
     RetryResult,
 )
 
@@ -106,8 +107,10 @@ class JobQueue(_Base):
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
         lock_key: str | None = None,
+        unique: st.Unique | None = None,
     ) -> EnqueueResult:
-        """Add one job; ``inserted`` is False when its deduplication key is already taken.
+        """Add one job; ``inserted`` is False when its deduplication key is already taken (or,
+        for a ``unique`` job, its unique key: `Unique`, docs/unique.md).
 
         On a `Connection` or `Session` the job joins the caller's transaction and commits
         with it. Given the `Engine` itself, it is one autocommit ``INSERT``: one round trip,
@@ -135,6 +138,7 @@ class JobQueue(_Base):
             "deduplication_key": deduplication_key,
             "headers": headers,
             "lock_key": lock_key,
+            "unique": unique,
         }
         values = self._ops.enqueue_values(kind, payload, options)
         result = self._ops.enqueue_on_cursor(conn, values)
@@ -149,7 +153,9 @@ class JobQueue(_Base):
         """Add many jobs in one statement; results come in input order.
 
         Each `NewJob` may have ``headers`` of its own; the current trace context (with
-        OpenTelemetry installed) joins them, under them.
+        OpenTelemetry installed) joins them, under them. Unique jobs (``NewJob(...,
+        unique=Unique(...))``) and ordinary ones mix in one batch; a unique job whose key is
+        held, by an earlier job or one earlier in the batch, comes back ``inserted=False``.
 
         Examples:
             queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])
@@ -159,11 +165,12 @@ class JobQueue(_Base):
     def enqueue_copy(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> int:
         """Add many jobs with PostgreSQL's ``COPY``, the fastest path; returns how many.
 
-        For large batches without deduplication keys (a job with one is refused: COPY has no
-        ON CONFLICT; use `enqueue_many`). Every job is checked before any row is sent, ids
-        follow input order, nothing commits here, and workers are notified once at commit.
-        Needs the psycopg (3) driver. See docs/worker.md, "Enqueueing many jobs". As with
-        `enqueue_many`, the current trace context joins every job's headers.
+        For large batches without deduplication keys (a job with one, or a unique job, is
+        refused: COPY has no ON CONFLICT; use `enqueue_many`). Every job is checked before
+        any row is sent, ids follow input order, nothing commits here, and workers are
+        notified once at commit. Needs the psycopg (3) driver. See docs/worker.md,
+        "Enqueueing many jobs". As with `enqueue_many`, the current trace context joins
+        every job's headers.
 
         Examples:
             queue.enqueue_copy(conn, [NewJob("resize", {"image": n}) for n in range(1000)])
@@ -320,8 +327,11 @@ class JobQueue(_Base):
         kinds: str | Sequence[str] | None = None,
         queues: str | Sequence[str] | None = None,
         reset_attempts: bool = True,
-    ) -> list[uuid.UUID]:
+    ) -> RetriedJobs:
         """Send failed jobs back to ``pending`` now; returns their ids.
+
+        A unique job whose key another job holds is left ``failed``: the result's
+        ``skipped`` maps it to the job holding its key (`RetriedJobs`, docs/unique.md).
 
         Examples:
             queue.requeue_failed(conn, kinds="send-email")
@@ -398,6 +408,7 @@ class AsyncJobQueue(_Base):
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
         lock_key: str | None = None,
+        unique: st.Unique | None = None,
     ) -> EnqueueResult:
         """See `JobQueue.enqueue`; given the `AsyncEngine`, one autocommit ``INSERT``.
 
@@ -413,6 +424,7 @@ class AsyncJobQueue(_Base):
             "deduplication_key": deduplication_key,
             "headers": headers,
             "lock_key": lock_key,
+            "unique": unique,
         }
         op = self._ops.enqueue(self._ops.enqueue_values(kind, payload, options))
         if is_async_engine(conn):
@@ -524,7 +536,7 @@ class AsyncJobQueue(_Base):
         kinds: str | Sequence[str] | None = None,
         queues: str | Sequence[str] | None = None,
         reset_attempts: bool = True,
-    ) -> list[uuid.UUID]:
+    ) -> RetriedJobs:
         """See `JobQueue.requeue_failed`."""
         options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
         return await _adrive(conn, self._ops.requeue_failed(options))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..schema import JobStatus
@@ -12,7 +13,8 @@ from ..schema import JobStatus
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EnqueueResult:
-    """What an enqueue did: ``inserted`` is False when the deduplication key was taken.
+    """What an enqueue did: ``inserted`` is False when the deduplication key was taken, or a
+    unique job's key was held (`Unique`); ``id`` is then ``None``.
 
     Examples:
         >>> EnqueueResult(id=None, inserted=False).inserted
@@ -85,6 +87,34 @@ class ReclaimedJob:
     status: JobStatus
     worker_id: str | None
     attempts: int
+
+
+class RetriedJobs(list[uuid.UUID]):
+    """The ids of the failed jobs a retry by hand sent back to ``pending`` (a list), and in
+    ``skipped`` those it left ``failed`` because their unique key is held (docs/unique.md).
+
+    ``skipped`` maps each skipped job's id to the id of the job that holds its key: a live
+    duplicate (pending, running, or finished in one of its ``unique_states``), or one of the
+    jobs this retry sent back, the first of several failed duplicates.
+
+    Examples:
+        >>> retried = RetriedJobs([uuid.UUID(int=1)], {uuid.UUID(int=2): uuid.UUID(int=1)})
+        >>> retried == [uuid.UUID(int=1)], len(retried.skipped)
+        (True, 1)
+    """
+
+    skipped: dict[uuid.UUID, uuid.UUID]
+
+    def __init__(
+        self,
+        retried: Iterable[uuid.UUID] = (),
+        skipped: Mapping[uuid.UUID, uuid.UUID] | None = None,
+    ) -> None:
+        super().__init__(retried)
+        self.skipped = dict(skipped or {})
+
+    def __repr__(self) -> str:
+        return f"RetriedJobs({list(self)!r}, skipped={self.skipped!r})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ Examples:
     >>> sorted(index.name for index in Job.__table__.indexes)
     ... # doctest: +NORMALIZE_WHITESPACE
     ['jobs_dedup_idx', 'jobs_expired_lease_idx', 'jobs_ready_idx', 'jobs_ready_kind_idx',
-     'jobs_ready_order_idx', 'jobs_retention_idx', 'jobs_serial_idx']
+     'jobs_ready_order_idx', 'jobs_retention_idx', 'jobs_serial_idx', 'jobs_unique_idx']
 """
 
 from ._columns import inbox_table_args, job_table_args, outbox_table_args

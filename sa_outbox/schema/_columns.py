@@ -17,7 +17,7 @@ from sqlalchemy import (
     desc,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import mapped_column
 
 from .._validation import MAX_IDENTIFIER_LENGTH, identifier, optional_identifier
@@ -68,6 +68,14 @@ _JOB_COLUMNS: dict[str, _Spec] = {
     # order lock_seq gives them (the table's serial trigger sets it, after a per-key lock).
     "lock_key": (Text, {"nullable": True}, {"default": None}),
     "lock_seq": (BigInteger, {"nullable": True}, _NO_INIT),
+    # Unique jobs (docs/unique.md): NULL on every other job, hence no server default. The
+    # array's element type is the status column's, which creates it.
+    "unique_key": (Text, {"nullable": True}, {"default": None}),
+    "unique_states": (
+        lambda: ARRAY(_created_elsewhere(job_status_enum())),
+        {"nullable": True},
+        {"default": None},
+    ),
 }
 
 
@@ -103,6 +111,12 @@ _INBOX_COLUMNS: dict[str, _Spec] = {
     "message_id": (Text, {"primary_key": True}, {}),
     "received_at": (lambda: DateTime(timezone=True), {"server_default": _now}, _NO_INIT),
 }
+
+
+def _created_elsewhere(enum: Any) -> Any:
+    """``enum``, which never emits ``CREATE TYPE`` of its own (another column creates it)."""
+    enum.create_type = False
+    return enum
 
 
 def _column(specs: dict[str, _Spec], name: str, *, dataclass: bool = False) -> Any:
@@ -183,16 +197,21 @@ def job_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index
     ``{t}_dedup_idx`` makes ``(kind, deduplication_key)`` unique where a key is set,
     ``{t}_expired_lease_idx`` serves the reclaimer, ``{t}_retention_idx`` the pruner,
     ``{t}_serial_idx`` the claim's check that no earlier job of a serial key is unfinished.
+    ``{t}_unique_idx`` makes ``unique_key`` unique among the jobs whose status is one of
+    their own ``unique_states`` (unique jobs, docs/unique.md): a job leaves it when it
+    reaches a state outside them.
     On a ``partitioned`` table a unique index must hold ``created_at``, which would make
     the key unique per partition only: there ``{t}_dedup_idx`` is a plain index, which the
-    table's dedup trigger searches (see ``sa_outbox.schema._partition_ddl``).
+    table's dedup trigger searches (see ``sa_outbox.schema._partition_ddl``), and there is
+    no ``{t}_unique_idx`` (unique jobs are refused on such a table).
 
     Examples:
         >>> [i.name for i in job_table_args("jobs")]  # doctest: +NORMALIZE_WHITESPACE
         ['jobs_ready_idx', 'jobs_ready_kind_idx', 'jobs_ready_order_idx', 'jobs_dedup_idx',
-         'jobs_expired_lease_idx', 'jobs_retention_idx', 'jobs_serial_idx']
+         'jobs_expired_lease_idx', 'jobs_retention_idx', 'jobs_serial_idx', 'jobs_unique_idx']
     """
     t = identifier(table_name, "job table name")
+    unique = () if partitioned else (unique_jobs_index(t),)
     return (
         Index(
             _index_name(t, "ready_idx"),
@@ -238,6 +257,27 @@ def job_table_args(table_name: str, *, partitioned: bool = False) -> tuple[Index
                 "lock_key IS NOT NULL AND (status = 'pending' OR status = 'running')"
             ),
         ),
+        *unique,
+    )
+
+
+#: The predicate of ``{t}_unique_idx``: a job holds its unique key while its status is one
+#: of its ``unique_states`` (enum equality is immutable, so PostgreSQL accepts it).
+UNIQUE_INDEX_WHERE = "unique_key IS NOT NULL AND status = ANY (unique_states)"
+
+
+def unique_jobs_index(table_name: str) -> Index:
+    """``{t}_unique_idx``: the partial unique index of unique jobs (docs/unique.md).
+
+    Examples:
+        >>> unique_jobs_index("jobs").name
+        'jobs_unique_idx'
+    """
+    return Index(
+        _index_name(table_name, "unique_idx"),
+        "unique_key",
+        unique=True,
+        postgresql_where=text(UNIQUE_INDEX_WHERE),
     )
 
 

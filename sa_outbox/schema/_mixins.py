@@ -85,6 +85,10 @@ class JobMixin:
     #: Serial key: jobs sharing it run one at a time, in commit order (`lock_seq`).
     lock_key: Mapped[str | None] = _column(_JOB_COLUMNS, "lock_key")
     lock_seq: Mapped[int | None] = _column(_JOB_COLUMNS, "lock_seq")
+    #: A unique job's key (a digest of what makes it unique, and its time window), else NULL.
+    unique_key: Mapped[str | None] = _column(_JOB_COLUMNS, "unique_key")
+    #: The states in which a unique job holds its key (docs/unique.md), else NULL.
+    unique_states: Mapped[list[JobStatus] | None] = _column(_JOB_COLUMNS, "unique_states")
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any, TypeGuard, cast
 
 from sqlalchemy import (
     Enum,
@@ -62,5 +63,18 @@ def _enum_follows_table_schema(table: Table, _metadata: object) -> None:
     # The job_status type lives in its table's schema, on SQLAlchemy 2.0 and 2.1 alike
     # (2.1 deprecates inherit_schema and would take the metadata's schema instead).
     for col in table.columns:
-        if isinstance(col.type, Enum) and col.type.enum_class is JobStatus:
+        if _is_job_status(col.type):
             col.type.schema = table.schema
+        elif _is_job_status(item := getattr(col.type, "item_type", None)):
+            # An array of them (``unique_states``): the copies of a mixin's column share
+            # their array's element type, so each table's column gets one of its own.
+            own: Any = cast(Any, item).copy()
+            own.schema = table.schema
+            own.create_type = False  # the status column creates the type (copy() forgets)
+            array: Any = col.type.copy()
+            array.item_type = own
+            col.type = array
+
+
+def _is_job_status(type_: object) -> TypeGuard[Enum]:
+    return isinstance(type_, Enum) and type_.enum_class is JobStatus

@@ -1,13 +1,13 @@
 """Layer 2: the query builder — functions that return SQLAlchemy Core statements.
 
 May import: ``sa_outbox.schema`` and the foundation modules, nothing that does I/O. Split
-by concern: ``_job_enqueue`` (and ``_job_headers``), ``_job_claim`` (claim, heartbeat,
-complete), ``_job_settle`` (retry, fail, snooze, release, reclaim, requeue, retry by hand,
-prune), ``_job_cancel``, ``_job_limits`` (concurrency and rate limits the claim obeys),
-``_job_notify``, ``_queue_pause`` (paused queues); ``_inspect`` (the read-only queries of
-status, listings and queues); ``_outbox_append``, ``_outbox_claim``, ``_outbox_settle``;
-``_inbox`` (a consumer's inbox: accept a message once, prune); ``_maintenance`` and
-``_partitions`` (upkeep).
+by concern: ``_job_enqueue`` (and ``_job_headers``, ``_job_unique``), ``_job_claim``
+(claim, heartbeat, complete), ``_job_settle`` (retry, fail, snooze, release, reclaim,
+requeue, retry by hand, prune), ``_job_cancel``, ``_job_limits`` (concurrency and rate
+limits the claim obeys), ``_job_notify``, ``_queue_pause`` (paused queues); ``_inspect``
+(the read-only queries of status, listings and queues); ``_outbox_append``,
+``_outbox_claim``, ``_outbox_settle``; ``_inbox`` (a consumer's inbox: accept a message
+once, prune); ``_maintenance`` and ``_partitions`` (upkeep).
 
 No I/O, no sessions, no globals: each function validates its arguments (raising
 `InvalidArgument` / `InvalidArgumentType` before any SQL exists), and returns a statement
@@ -75,6 +75,7 @@ from ._job_claim import (
 from ._job_defaults import DEFAULT_BACKOFF, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from ._job_enqueue import (
     ENQUEUE_PARAMETERS,
+    UNIQUE_ENQUEUE_PARAMETERS,
     NewJob,
     enqueue_job,
     enqueue_job_template,
@@ -94,8 +95,10 @@ from ._job_settle import (
     requeue_failed_jobs,
     retry_failed_jobs,
     retry_job,
+    select_unique_held_failed_jobs,
     snooze_job,
 )
+from ._job_unique import DEFAULT_UNIQUE_STATES, Unique, has_unique_columns
 from ._maintenance import (
     PRUNE_LOCK_PREFIX,
     count_events_by_state,
@@ -159,6 +162,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "DEFAULT_RELAY_BACKOFF",
     "DEFAULT_RELAY_LEASE",
+    "DEFAULT_UNIQUE_STATES",
     "ENQUEUE_PARAMETERS",
     "MAX_AGGREGATE_ID_LENGTH",
     "MAX_DEDUPLICATION_KEY_LENGTH",
@@ -170,11 +174,13 @@ __all__ = [
     "MAX_THROUGHPUT_MINUTES",
     "PARTITION_LOCK_PREFIX",
     "PRUNE_LOCK_PREFIX",
+    "UNIQUE_ENQUEUE_PARAMETERS",
     "WORKER_APPLICATION_PREFIX",
     "ClaimLimits",
     "Limit",
     "NewEvent",
     "NewJob",
+    "Unique",
     "accept_message",
     "append_event",
     "append_events",
@@ -203,6 +209,7 @@ __all__ = [
     "fail_job",
     "finish_cancelled_jobs",
     "has_unfinished_rows",
+    "has_unique_columns",
     "heartbeat_job",
     "heartbeat_jobs",
     "held_cancelled_jobs",
@@ -257,6 +264,7 @@ __all__ = [
     "select_parked_events",
     "select_paused_queues",
     "select_running_jobs",
+    "select_unique_held_failed_jobs",
     "set_lock_timeout",
     "snooze_job",
     "table_has_trigger",

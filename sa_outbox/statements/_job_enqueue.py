@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard
 
 from sqlalchemy import (
+    BigInteger,
     DateTime,
     Integer,
     Interval,
@@ -29,6 +30,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB, Insert, insert
 from sqlalchemy.engine.interfaces import BindTyping
 from sqlalchemy.sql.dml import ReturningInsert
+from sqlalchemy.sql.elements import ColumnClause
 from sqlalchemy.sql.selectable import TextualSelect
 
 from .._clock import Clock
@@ -59,6 +61,7 @@ from ._common import (
 )
 from ._job_defaults import _MAX_INT, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from ._job_headers import job_headers_text
+from ._job_unique import Unique, refuse_unique_on, unique_key_sql, unique_parts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,6 +85,8 @@ class NewJob:
     headers: Mapping[str, str] | None = None
     #: Serial key: jobs sharing it run one at a time, in the order they were committed.
     lock_key: str | None = None
+    #: What makes the job unique (`Unique`, docs/unique.md); ``None``: an ordinary job.
+    unique: Unique | None = None
 
     def __init__(
         self,
@@ -95,6 +100,7 @@ class NewJob:
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
         lock_key: str | None = None,
+        unique: Unique | None = None,
     ) -> None:
         # The generated __init__ of a frozen dataclass, but setting each slot through its
         # own descriptor instead of object.__setattr__: 40 % less, for jobs built by the
@@ -109,6 +115,7 @@ class NewJob:
         _set_deduplication_key(self, deduplication_key)
         _set_headers(self, headers)
         _set_lock_key(self, lock_key)
+        _set_unique(self, unique)
 
 
 (
@@ -122,6 +129,7 @@ class NewJob:
     _set_deduplication_key,
     _set_headers,
     _set_lock_key,
+    _set_unique,
 ) = (NewJob.__dict__[field.name].__set__ for field in dataclasses.fields(NewJob))
 
 
@@ -138,6 +146,7 @@ class _Checked:
     deduplication_key: str | None
     headers: str | None  # JSON text, or None (NULL)
     lock_key: str | None
+    unique: tuple[str, int | None, str] | None  # `unique_parts`, or None: not unique
 
 
 def _check(
@@ -150,11 +159,13 @@ def _check(
     kind = name(job.kind, "kind")
     if job.run_at is not None and job.delay is not None:
         raise InvalidArgument(f"job kind {kind!r}: give run_at or delay, not both")
+    payload = serialise(job.payload, f"job kind {kind!r}", dumps, limit)
+    queue = name(job.queue, "queue")
     return _Checked(
         id=uuid7() if job_id is None else job_id,
         kind=kind,
-        payload=serialise(job.payload, f"job kind {kind!r}", dumps, limit),
-        queue=name(job.queue, "queue"),
+        payload=payload,
+        queue=queue,
         priority=count(job.priority, "priority", minimum=-_MAX_INT, maximum=_MAX_INT),
         run_at=None if job.run_at is None else aware_datetime(job.run_at, "run_at"),
         delay=None if job.delay is None else duration(job.delay, "delay", allow_zero=True),
@@ -164,11 +175,20 @@ def _check(
         ),
         headers=job_headers_text(job.headers, trace, f"job kind {kind!r}"),
         lock_key=optional_key(job.lock_key, "lock_key", MAX_DEDUPLICATION_KEY_LENGTH),
+        unique=None
+        if job.unique is None
+        else unique_parts(job.unique, kind, queue, payload, f"job kind {kind!r}"),
     )
 
 
-def _on_conflict_skip(stmt: Insert, target: Any) -> Insert:
+def _on_conflict_skip(stmt: Insert, target: Any, unique: bool = False) -> Insert:
     t = table_of(target)
+    if unique:
+        # Two unique indexes may refuse the row, {t}_dedup_idx and {t}_unique_idx, and an
+        # ON CONFLICT names one at most: without a target it skips a conflict on any (the
+        # third, the primary key, never conflicts: ids are new UUIDv7).
+        refuse_unique_on(t)
+        return stmt.on_conflict_do_nothing()
     if partition_interval_of(t) is not None:
         # No unique index can hold the key across partitions: the table's dedup trigger
         # skips the row instead, and RETURNING leaves it out as ON CONFLICT would.
@@ -250,6 +270,7 @@ def enqueue_job(
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     lock_key: str | None = None,
+    unique: Unique | None = None,
     clock: Clock | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -264,6 +285,10 @@ def enqueue_job(
     this builder reads no trace context (the executors add it, see docs/tracing.md).
     ``lock_key`` makes it a serial job: the jobs of one key run one at a time, in commit
     order (the table's serial trigger orders them; docs/concurrency.md).
+    A ``unique`` job (`Unique`, docs/unique.md) gets its key and states, and the statement
+    an ``ON CONFLICT DO NOTHING`` without a target, which skips it when either its
+    deduplication key or its unique key is taken; it is refused on a partitioned table and
+    on one without the unique columns.
 
     Examples:
         >>> from sqlalchemy.dialects import postgresql
@@ -289,6 +314,7 @@ def enqueue_job(
             deduplication_key,
             headers,
             lock_key,
+            unique,
         ),
         dumps,
         max_payload_bytes,
@@ -312,8 +338,23 @@ def enqueue_job(
         updated_at=now,
         **_headers_values(t, job.headers, headers is not None),
         **_lock_key_values(t, job.lock_key),
+        **_unique_values(t, job.unique, now),
     )
-    return _on_conflict_skip(stmt, t).returning(t.c.id)
+    return _on_conflict_skip(stmt, t, job.unique is not None).returning(t.c.id)
+
+
+def _unique_values(t: Any, parts: tuple[str, int | None, str] | None, now: Any) -> dict[str, Any]:
+    """The ``unique_key`` and ``unique_states`` values of a unique job (none for another)."""
+    if parts is None:
+        return {}
+    refuse_unique_on(t)
+    digest, period, states = parts
+    return {
+        "unique_key": unique_key_sql(
+            bindparam(None, digest, type_=Text()), bindparam(None, period, type_=BigInteger()), now
+        ),
+        "unique_states": cast(bindparam(None, states, type_=Text()), t.c.unique_states.type),
+    }
 
 
 #: The bind parameters of `enqueue_job_template`, in the order of its columns.
@@ -330,10 +371,19 @@ ENQUEUE_PARAMETERS = (
     "job_headers",
     "job_lock_key",
 )
+#: The bind parameters of `enqueue_job_template` with ``unique=True``: these and three more.
+UNIQUE_ENQUEUE_PARAMETERS = (
+    *ENQUEUE_PARAMETERS,
+    "job_unique_digest",
+    "job_unique_period",
+    "job_unique_states",
+)
 _ZERO = dt.timedelta()
 
 
-def enqueue_job_template(target: object, *, clock: Clock | None = None) -> ReturningInsert[Any]:
+def enqueue_job_template(
+    target: object, *, clock: Clock | None = None, unique: bool = False
+) -> ReturningInsert[Any]:
     """`enqueue_job`'s statement with every value of a job a named bind parameter.
 
     One shape serves every job: build it once, then run it with the values
@@ -341,7 +391,10 @@ def enqueue_job_template(target: object, *, clock: Clock | None = None) -> Retur
     statement is built per job. ``run_at`` is ``coalesce(:job_run_at, now + :job_delay)``;
     ``job_headers`` is JSON text or ``None`` (on a table without the ``headers`` column the
     statement has no such parameter, and the value is ignored); so is ``job_lock_key``
-    without the ``lock_key`` column.
+    without the ``lock_key`` column. ``unique=True``: the
+    statement of unique jobs, which takes the ``job_unique_*`` values too
+    (`UNIQUE_ENQUEUE_PARAMETERS`) and skips a conflict on any unique index; the statement of
+    ordinary jobs is not changed by it.
 
     Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -380,8 +433,22 @@ def enqueue_job_template(target: object, *, clock: Clock | None = None) -> Retur
             else {}
         ),
         **({"lock_key": bindparam("job_lock_key", type_=Text())} if has_lock_key(t) else {}),
+        **(
+            {
+                "unique_key": unique_key_sql(
+                    bindparam("job_unique_digest", type_=Text()),
+                    bindparam("job_unique_period", type_=BigInteger()),
+                    now,
+                ),
+                "unique_states": cast(
+                    bindparam("job_unique_states", type_=Text()), c.unique_states.type
+                ),
+            }
+            if unique
+            else {}
+        ),
     )
-    return _on_conflict_skip(stmt, t).returning(t.c.id)
+    return _on_conflict_skip(stmt, t, unique).returning(t.c.id)
 
 
 def precompiled(stmt: ReturningInsert[Any]) -> TextualSelect:
@@ -432,6 +499,7 @@ def enqueue_job_values(
     deduplication_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     lock_key: str | None = None,
+    unique: Unique | None = None,
     trace_headers: Mapping[str, str] | None = None,
     dumps: Dumps = compact_json,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -440,7 +508,9 @@ def enqueue_job_values(
     `enqueue_job` checks them (bad input raises here, before any SQL), with a new id.
 
     ``trace_headers`` (the current trace context, as the executors pass it) join
-    ``headers`` under them: the caller's own headers win a clash.
+    ``headers`` under them: the caller's own headers win a clash. A ``unique`` job's values
+    hold the ``job_unique_*`` parameters too: run them with
+    ``enqueue_job_template(…, unique=True)``.
 
     Examples:
         >>> values = enqueue_job_values("index-book", {"book_id": 1}, delay=30)
@@ -458,6 +528,7 @@ def enqueue_job_values(
         and delay is None
         and (deduplication_key is None or type(deduplication_key) is str)
         and lock_key is None
+        and unique is None
     ):
         if deduplication_key is not None:
             deduplication_key = optional_key(
@@ -490,12 +561,13 @@ def enqueue_job_values(
             deduplication_key,
             headers,
             lock_key,
+            unique,
         ),
         dumps,
         max_payload_bytes,
         trace=trace_headers,
     )
-    return {
+    values = {
         "job_id": job.id,
         "job_queue": job.queue,
         "job_kind": job.kind,
@@ -508,6 +580,12 @@ def enqueue_job_values(
         "job_headers": job.headers,
         "job_lock_key": job.lock_key,
     }
+    if job.unique is not None:
+        digest, period, states = job.unique
+        values["job_unique_digest"] = digest
+        values["job_unique_period"] = period
+        values["job_unique_states"] = states
+    return values
 
 
 def enqueue_jobs(
@@ -528,6 +606,10 @@ def enqueue_jobs(
     document (one object per job, payloads embedded as they were serialised): one string
     parameter for the driver to send, where arrays would be adapted element by element.
     ``trace_headers`` join every job's own ``headers``, under them (see `enqueue_job_values`).
+    When a job of the batch is ``unique`` (`Unique`), the statement carries the unique
+    columns and its ``ON CONFLICT DO NOTHING`` has no target: a job is then skipped when
+    its deduplication key or its unique key is taken, by an earlier job or one earlier in
+    the batch.
 
     Examples:
         >>> from sa_outbox.schema import JobMixin
@@ -544,7 +626,7 @@ def enqueue_jobs(
     # One block of ids for the batch: the same UUIDv7 sequence, a tenth of the cost.
     values = uuid7_ints(len(jobs))
     trace = trace_headers if with_headers else None
-    document = _jobs_document(jobs, values, dumps, max_payload_bytes, trace)
+    document, unique = _jobs_document(jobs, values, dumps, max_payload_bytes, trace)
     if not jobs:
         raise InvalidArgument("enqueue_jobs needs at least one job")
     if not with_headers and any(job.headers is not None for job in jobs):
@@ -552,6 +634,8 @@ def enqueue_jobs(
     with_lock_key = has_lock_key(t)
     if not with_lock_key and any(job.lock_key is not None for job in jobs):
         raise no_lock_key_column(t)
+    if unique:
+        refuse_unique_on(t)
     now = now_of(clock)
     rows = (
         func.jsonb_to_recordset(cast(bindparam(None, document, type_=Text()), JSONB))
@@ -567,6 +651,7 @@ def enqueue_jobs(
             column("dedup", Text()),
             *([column("headers", JSONB())] if with_headers else []),
             *([column("lock_key", Text())] if with_lock_key else []),
+            *(_unique_fields() if unique else []),
         )
         .render_derived(name="new_jobs", with_types=True)
     )
@@ -588,6 +673,14 @@ def enqueue_jobs(
         now,
         *([rows.c.headers] if with_headers else []),
         *([rows.c.lock_key] if with_lock_key else []),
+        *(
+            [
+                unique_key_sql(rows.c.unique_digest, rows.c.unique_period, now),
+                cast(rows.c.unique_states, t.c.unique_states.type),
+            ]
+            if unique
+            else []
+        ),
     )
     columns = [
         "id",
@@ -603,9 +696,20 @@ def enqueue_jobs(
         "updated_at",
         *(["headers"] if with_headers else []),
         *(["lock_key"] if with_lock_key else []),
+        *(["unique_key", "unique_states"] if unique else []),
     ]
-    stmt = _on_conflict_skip(insert(t).from_select(columns, source), t).returning(t.c.id)
+    skipping = _on_conflict_skip(insert(t).from_select(columns, source), t, unique)
+    stmt = skipping.returning(t.c.id)
     return stmt, [uuid.UUID(int=value) for value in values]
+
+
+def _unique_fields() -> list[ColumnClause[Any]]:
+    """The unique jobs' fields of `enqueue_jobs`' recordset (`_checked_object` writes them)."""
+    return [
+        column("unique_digest", Text()),
+        column("unique_period", BigInteger()),
+        column("unique_states", Text()),
+    ]
 
 
 # A JSON string literal as compact_json writes one (UTF-8 kept, only what JSON escapes).
@@ -620,8 +724,8 @@ _NO_ID = uuid.UUID(int=0)
 
 def _plain(job: object) -> TypeGuard[NewJob]:
     """Whether ``job`` is exactly a `NewJob` that `_check` accepts as it is: names `name`
-    accepts, int fields, no run_at, delay, deduplication key or headers (a subclass, or a
-    bool, is not plain)."""
+    accepts, int fields, no run_at, delay, deduplication key, headers or unique (a subclass,
+    or a bool, is not plain)."""
     if type(job) is not NewJob:
         return False
     kind, queue, priority, attempts = job.kind, job.queue, job.priority, job.max_attempts
@@ -637,6 +741,7 @@ def _plain(job: object) -> TypeGuard[NewJob]:
         and job.deduplication_key is None
         and job.headers is None
         and job.lock_key is None
+        and job.unique is None
     )
 
 
@@ -646,8 +751,9 @@ def _jobs_document(
     dumps: Dumps,
     limit: int,
     trace: Mapping[str, str] | None = None,
-) -> str:
-    """The jobs as the JSON array `enqueue_jobs` sends: checked in order, as `_check` does.
+) -> tuple[str, bool]:
+    """The jobs as the JSON array `enqueue_jobs` sends: checked in order, as `_check` does;
+    and whether one of them is unique (its object then holds the ``unique_*`` fields).
 
     A plain job (`_plain`) whose fields are the very objects of the plain job checked
     before it (``NewJob("send", {...})`` in a loop) needs identity tests only, and its
@@ -667,6 +773,7 @@ def _jobs_document(
     # The trace context is the same for every job: serialised once (its values are the
     # propagator's ASCII, so a plain job's headers need no check).
     end = "}" if not trace else f',"headers":{job_headers_text(None, trace, "jobs")}}}'
+    unique = False
     for job_id, job in zip(ids, jobs, strict=True):
         if not (
             type(job) is NewJob
@@ -679,9 +786,11 @@ def _jobs_document(
             and job.deduplication_key is None
             and job.headers is None
             and job.lock_key is None
+            and job.unique is None
         ):
             if not _plain(job):
                 append(_checked_object(job, job_id, dumps, limit, trace))
+                unique = unique or job.unique is not None
                 continue
             kind, queue = job.kind, job.queue
             priority, attempts = job.priority, job.max_attempts
@@ -703,7 +812,7 @@ def _jobs_document(
         ):  # raises if it holds what jsonb refuses; often it does not (many brackets, say)
             refuse_unstorable(payload, job.payload, f"job kind {job.kind!r}")
         append(f'{{"id":"{job_id:032x}"{head}{payload}{tail}')
-    return f"[{','.join(objects)}]"
+    return f"[{','.join(objects)}]", unique
 
 
 def _checked_object(
@@ -727,4 +836,9 @@ def _checked_object(
         text += f',"headers":{c.headers}'
     if c.lock_key is not None:
         text += f',"lock_key":{_json_str(c.lock_key)}'
+    if c.unique is not None:
+        digest, period, states = c.unique
+        text += f',"unique_digest":"{digest}","unique_states":"{states}"'
+        if period is not None:
+            text += f',"unique_period":{period}'
     return text + "}"

@@ -6,24 +6,33 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import (
     Delete,
     Select,
+    Table,
     Text,
     Update,
+    and_,
+    any_,
     bindparam,
     case,
     cast,
     delete,
+    exists,
+    false,
     func,
     literal,
     literal_column,
+    not_,
+    or_,
     select,
     update,
 )
+from sqlalchemy.sql.elements import ColumnElement
 
 from .._backoff import Backoff
 from .._clock import Clock
@@ -43,6 +52,7 @@ from ._common import (
 )
 from ._job_claim import _RELEASED, _running
 from ._job_defaults import _FINISHED, DEFAULT_BACKOFF
+from ._job_unique import has_unique_columns
 
 
 def retry_job(
@@ -308,6 +318,123 @@ def reclaim_expired_jobs(
     )
 
 
+_Filters = Callable[[Any], list[ColumnElement[bool]]]
+
+
+def _failed_filters(
+    ids: Sequence[object] | None,
+    kinds: str | Sequence[str] | None,
+    queues: str | Sequence[str] | None,
+) -> _Filters:
+    """The conditions that pick the failed jobs to retry by hand, checked now, for a table
+    or an alias of it (the guard of unique jobs applies them to an alias)."""
+    kind_names = name_filter(kinds, "kinds")
+    queue_names = name_filter(queues, "queues")
+    wanted = None
+    if ids is not None:
+        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+            raise InvalidArgument("ids must be a sequence of job ids")
+        wanted = [as_uuid(i, "job id") for i in ids]
+
+    def conditions(t: Any) -> list[ColumnElement[bool]]:
+        found: list[ColumnElement[bool]] = [t.c.status == JobStatus.FAILED]
+        if wanted is not None:
+            found.append(t.c.id == func.any(uuid_array(wanted)))
+        if kind_names is not None:
+            found.append(in_names(t.c.kind, kind_names))
+        if queue_names is not None:
+            found.append(in_names(t.c.queue, queue_names))
+        return found
+
+    return conditions
+
+
+def _gave_up_key(t: Any) -> ColumnElement[bool]:
+    """A unique job whose status is not among its ``unique_states``: it holds no key."""
+    return and_(t.c.unique_key.is_not(None), not_(t.c.status == any_(t.c.unique_states)))
+
+
+def _holds_key(holder: Any, key: Any) -> ColumnElement[bool]:
+    """``holder`` holds ``key``: the predicate of ``{t}_unique_idx``, which serves it."""
+    return and_(holder.c.unique_key == key, holder.c.status == any_(holder.c.unique_states))
+
+
+def _retrying(t: Table, filters: _Filters) -> Update:
+    """``UPDATE t WHERE <filters>``, and for a table with unique jobs the guard that keeps
+    a retried job from taking a key already held (`retry_failed_jobs`)."""
+    stmt = update(t).where(*filters(t))
+    if not has_unique_columns(t):
+        return stmt
+    # Of the failed jobs that gave up their key, the first of each key, if no job holds
+    # that key: one pass over the jobs the filters pick, and an anti-join on the unique
+    # index, computed once (a hashed subplan), not a search per row.
+    candidate = t.alias("candidate")
+    ranked = (
+        select(
+            candidate.c.id,
+            candidate.c.unique_key,
+            func.row_number()
+            .over(partition_by=candidate.c.unique_key, order_by=candidate.c.id)
+            .label("rank"),
+        )
+        .where(*filters(candidate), _gave_up_key(candidate))
+        .subquery("ranked")
+    )
+    holder = t.alias("holder")
+    free = select(ranked.c.id).where(
+        ranked.c.rank == 1, ~exists().where(_holds_key(holder, ranked.c.unique_key))
+    )
+    return stmt.where(
+        or_(
+            t.c.unique_key.is_(None),
+            t.c.status == any_(t.c.unique_states),  # failed among its states: keeps its key
+            t.c.id.in_(free.scalar_subquery()),
+        )
+    )
+
+
+def select_unique_held_failed_jobs(
+    target: object,
+    *,
+    ids: Sequence[object] | None = None,
+    kinds: str | Sequence[str] | None = None,
+    queues: str | Sequence[str] | None = None,
+) -> Select[tuple[uuid.UUID, uuid.UUID, JobStatus]]:
+    """The failed unique jobs (picked by the filters of `retry_failed_jobs`) whose key
+    another job holds: ``id, held_by, held_by_status``, by ``id``.
+
+    Run after `retry_failed_jobs` / `requeue_failed_jobs` in the same transaction, it lists
+    the jobs they skipped, and the job that holds each one's key (which may be one they
+    just retried, the first of several failed jobs sharing a key). The holders are found
+    through ``{t}_unique_idx``. On a table without the unique columns, it selects nothing.
+
+    Examples:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> sql = str(select_unique_held_failed_jobs(Job, kinds="send-email"))
+        >>> "holder.status = ANY (holder.unique_states)" in sql
+        True
+    """
+    filters = _failed_filters(ids, kinds, queues)
+    t = table_of(target)
+    held = t.alias("held")
+    holder = t.alias("holder")
+    stmt = select(
+        held.c.id,
+        holder.c.id.label("held_by"),
+        holder.c.status.label("held_by_status"),
+    )
+    if not has_unique_columns(t):
+        return stmt.where(false())
+    return (
+        stmt.join_from(held, holder, _holds_key(holder, held.c.unique_key))
+        .where(*filters(held), _gave_up_key(held))
+        .order_by(held.c.id)
+    )
+
+
 def requeue_failed_jobs(
     target: object,
     *,
@@ -321,6 +448,7 @@ def requeue_failed_jobs(
 
     Filters combine with AND; with none, every failed job is requeued. ``last_error`` is
     kept for the record; ``attempts`` restarts at 0 unless ``reset_attempts=False``.
+    A unique job whose key another job holds is skipped, as `retry_failed_jobs` says.
     Returns the ids requeued.
 
     Examples:
@@ -331,19 +459,9 @@ def requeue_failed_jobs(
         >>> "status = :status_1" in str(requeue_failed_jobs(Job, kinds="send-email"))
         True
     """
-    kind_names = name_filter(kinds, "kinds")
-    queue_names = name_filter(queues, "queues")
     t = table_of(target)
+    stmt = _retrying(t, _failed_filters(ids, kinds, queues))
     now = now_of(clock)
-    stmt = update(t).where(t.c.status == JobStatus.FAILED)
-    if ids is not None:
-        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
-            raise InvalidArgument("ids must be a sequence of job ids")
-        stmt = stmt.where(t.c.id == func.any(uuid_array([as_uuid(i, "job id") for i in ids])))
-    if kind_names is not None:
-        stmt = stmt.where(in_names(t.c.kind, kind_names))
-    if queue_names is not None:
-        stmt = stmt.where(in_names(t.c.queue, queue_names))
     values: dict[str, Any] = {"status": JobStatus.PENDING, "run_at": now, "updated_at": now}
     if reset_attempts:
         values["attempts"] = 0
@@ -369,6 +487,11 @@ def retry_failed_jobs(
     combine with AND (none: every failed job). For a fresh start with all attempts, see
     `requeue_failed_jobs`. Returns ``id, queue`` of the jobs retried.
 
+    A unique job (docs/unique.md) that failed outside its ``unique_states`` gave up its
+    key: it is skipped (left ``failed``) while another job holds that key, and of several
+    such jobs sharing a key only the first (by id) goes back, so the statement never meets
+    the unique index. `select_unique_held_failed_jobs` says which were skipped, and why.
+
     Examples:
         >>> from sa_outbox.schema import JobMixin
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -378,19 +501,9 @@ def retry_failed_jobs(
         >>> "max_attempts=greatest(jobs.max_attempts, jobs.attempts + :attempts_1)" in sql
         True
     """
-    kind_names = name_filter(kinds, "kinds")
-    queue_names = name_filter(queues, "queues")
     t = table_of(target)
+    stmt = _retrying(t, _failed_filters(ids, kinds, queues))
     now = now_of(clock)
-    stmt = update(t).where(t.c.status == JobStatus.FAILED)
-    if ids is not None:
-        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
-            raise InvalidArgument("ids must be a sequence of job ids")
-        stmt = stmt.where(t.c.id == func.any(uuid_array([as_uuid(i, "job id") for i in ids])))
-    if kind_names is not None:
-        stmt = stmt.where(in_names(t.c.kind, kind_names))
-    if queue_names is not None:
-        stmt = stmt.where(in_names(t.c.queue, queue_names))
     return stmt.values(
         status=JobStatus.PENDING,
         run_at=now,

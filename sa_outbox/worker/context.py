@@ -26,7 +26,7 @@ from typing import Any
 
 from .._tracing import current_trace_headers
 from ..queue._results import ClaimedJob
-from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob
+from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, Unique
 from .errors import JobCancelled
 
 __all__ = ["CancelReason", "CancelToken", "JobContext"]
@@ -258,6 +258,7 @@ class JobContext:
         deduplication_key: str | None = None,
         headers: Mapping[str, str] | None = None,
         lock_key: str | None = None,
+        unique: Unique | None = None,
     ) -> None:
         """Enqueue a follow-up job, written in the transaction that completes this one.
 
@@ -267,6 +268,8 @@ class JobContext:
         enqueue at once instead, use `JobQueue.enqueue` in a transaction of your own. Bad
         input (an unserialisable payload…) raises here, in the handler. The trace context
         current here (this job's span, with OpenTelemetry) joins ``headers``, under them.
+        A ``unique`` follow-up (`Unique`) is skipped when its unique key is held when the
+        completion is written (docs/unique.md).
         """
         trace = current_trace_headers()
         if trace is not None and (headers is None or isinstance(headers, Mapping)):
@@ -282,6 +285,7 @@ class JobContext:
             deduplication_key,
             headers,
             lock_key,
+            unique,
         )
         if self._check is not None:
             self._check(job)
