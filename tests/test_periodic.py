@@ -1,14 +1,17 @@
 """Periodic jobs: every worker runs the scheduler, yet each tick enqueues exactly one job.
 
-Two workers, each with an engine of its own, share one `FakeClock` and look at their
-schedules step by step (`Worker.run_schedules`, the keeper's chore); the table's unique
-index on (kind, deduplication_key) is all that keeps a tick from running twice. Nothing
-sleeps; the fake clock is the only time there is.
+Two workers, each with an engine of its own (and two worker processes, each with a
+`FakeClock` of its own stepped through the same ticks), look at their schedules step by
+step (`Worker.run_schedules`, the keeper's chore); the table's unique index on (kind,
+deduplication_key) is all that keeps a tick from running twice. Nothing sleeps; the fake
+clock is the only time there is.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -30,7 +33,7 @@ from sa_outbox import (
 )
 from sa_outbox.worker._driver import KeeperPlan
 
-from .conftest import Job
+from .conftest import TEST_SCHEMA, Job
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 MINUTE = dt.timedelta(minutes=1)
@@ -405,3 +408,57 @@ def test_periodic_tick_reads_the_key_back() -> None:
     assert periodic_tick(schedule.deduplication_key(tick)) == tick == at(8, day=31, month=3)
     assert periodic_tick(None) is None
     assert periodic_tick("periodic:broken") is None
+
+
+#: One worker process of `test_two_worker_processes_enqueue_each_tick_once`: the same
+#: schedules, its own FakeClock stepped through the same ticks, its inserted ticks printed.
+SCHEDULER_PROCESS = """
+import datetime as dt, json, sys
+from sqlalchemy import create_engine
+from sqlalchemy.orm import DeclarativeBase
+from sa_outbox import FakeClock, JobApp, JobMixin, Worker
+
+schema, url, start = sys.argv[1], sys.argv[2], dt.datetime.fromisoformat(sys.argv[3])
+
+class Base(DeclarativeBase):
+    pass
+
+class Job(JobMixin, Base):
+    __tablename__ = "jobs"
+    __table_schema__ = schema
+
+app = JobApp(Job)
+app.periodic(every=dt.timedelta(minutes=5), kind="report", queue="periodic")(lambda job: None)
+app.periodic("*/10 * * * *", kind="digest", tz="Europe/Lisbon", payload={"to": "ops"})(
+    lambda job: None
+)
+clock = FakeClock(start)
+engine = create_engine(url)
+worker = Worker(app, engine, clock=clock, timer=lambda: clock.now().timestamp(),
+                listen=False, install_signal_handlers=False)
+inserted = []
+for step in range(13):
+    inserted += [[t.kind, t.at.isoformat()] for t in worker.run_schedules() if t.inserted]
+    clock.advance(dt.timedelta(minutes=3))
+worker.close()
+engine.dispose()
+print(json.dumps(inserted))
+"""
+
+
+def test_two_worker_processes_enqueue_each_tick_once(engine: Engine, database_url: str) -> None:
+    command = [sys.executable, "-c", SCHEDULER_PROCESS, TEST_SCHEMA, database_url, T0.isoformat()]
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [process.communicate(timeout=120) for process in processes]
+    for process, (_, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err
+    inserted = [tuple(tick) for out, _ in outputs for tick in json.loads(out)]
+    reports = [at(0, m) for m in range(0, 40, 5)]
+    digests = [at(0, m) for m in range(0, 40, 10)]
+    expected = [("digest", t) for t in digests] + [("report", t) for t in reports]
+    # Each tick went in once, from one process or the other, never from both.
+    assert sorted(inserted) == sorted((kind, t.isoformat()) for kind, t in expected)
+    assert [(r.kind, r.run_at) for r in rows(engine)] == expected
