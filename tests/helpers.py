@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from alembic.autogenerate import produce_migrations
+from alembic.migration import MigrationContext
 from sqlalchemy import Engine, select
 
 from sa_outbox import JobQueue
@@ -130,3 +132,15 @@ def global_tracer_provider(provider: Any) -> Iterator[Any]:
     finally:
         provider.shutdown()
         unset_tracer_provider()
+
+
+def autogenerate_in(connection: Any, metadata: Any, schema: str) -> Any:
+    """The upgrade operations ``alembic revision --autogenerate`` would write for
+    ``metadata`` against the database's ``schema`` alone (other schemas left out)."""
+
+    def include_name(name: str | None, type_: str, _parents: object) -> bool:
+        return name == schema if type_ == "schema" else True
+
+    opts = {"include_schemas": True, "include_name": include_name}
+    context = MigrationContext.configure(connection, opts=opts)
+    return produce_migrations(context, metadata).upgrade_ops

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from alembic.autogenerate import produce_migrations
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from alembic.operations.ops import CreateIndexOp, CreateTableOp, ModifyTableOps
@@ -40,7 +39,7 @@ from sa_outbox.schema import JobMixin
 from sa_outbox.statements import claim_jobs, lock_claim_limits
 
 from .conftest import TEST_SCHEMA, Job
-from .helpers import jobs_by_status, wait_until
+from .helpers import autogenerate_in, jobs_by_status, wait_until
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 
@@ -481,12 +480,7 @@ def test_autogenerate_adds_the_rate_log_to_an_existing_install(database_url: str
         __table_schema__ = schema
 
     def changes(connection: Any) -> Any:
-        def include_name(name: str | None, type_: str, _parents: object) -> bool:
-            return name == schema if type_ == "schema" else True
-
-        opts = {"include_schemas": True, "include_name": include_name}
-        context = MigrationContext.configure(connection, opts=opts)
-        return produce_migrations(context, New.metadata).upgrade_ops
+        return autogenerate_in(connection, New.metadata, schema)
 
     pg = create_engine(database_url)
     try:

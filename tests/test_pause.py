@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from alembic.autogenerate import produce_migrations
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from alembic.operations.ops import CreateTableOp
@@ -36,7 +35,7 @@ from sa_outbox.schema import JobMixin
 from sa_outbox.statements import claim_jobs, complete_and_claim_jobs
 
 from .conftest import TEST_SCHEMA, Job
-from .helpers import jobs_by_status, notifications_during
+from .helpers import autogenerate_in, jobs_by_status, notifications_during
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 
@@ -269,12 +268,7 @@ def test_autogenerate_adds_the_table_to_an_existing_install(database_url: str) -
         __table_schema__ = schema
 
     def changes(connection: Any) -> Any:
-        def include_name(name: str | None, type_: str, _parents: object) -> bool:
-            return name == schema if type_ == "schema" else True
-
-        opts = {"include_schemas": True, "include_name": include_name}
-        context = MigrationContext.configure(connection, opts=opts)
-        return produce_migrations(context, New.metadata).upgrade_ops
+        return autogenerate_in(connection, New.metadata, schema)
 
     pg = create_engine(database_url)
     try:

@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 import pytest
-from alembic.autogenerate import produce_migrations, render_python_code
+from alembic.autogenerate import render_python_code
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from alembic.operations.ops import AddColumnOp, ModifyTableOps
@@ -27,7 +27,7 @@ from sa_outbox import FakeClock, InvalidArgument, JobApp, JobQueue, NewJob
 from sa_outbox.schema import JobMixin
 
 from .conftest import TEST_SCHEMA, Job
-from .helpers import jobs_by_status, wait_until
+from .helpers import autogenerate_in, jobs_by_status, wait_until
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 
@@ -273,12 +273,7 @@ def test_autogenerate_adds_serial_keys_to_an_existing_install(database_url: str)
         __table_schema__ = schema
 
     def changes(connection: Any) -> Any:
-        def include_name(name: str | None, type_: str, _parents: object) -> bool:
-            return name == schema if type_ == "schema" else True
-
-        opts = {"include_schemas": True, "include_name": include_name}
-        context = MigrationContext.configure(connection, opts=opts)
-        return produce_migrations(context, New.metadata).upgrade_ops
+        return autogenerate_in(connection, New.metadata, schema)
 
     pg = create_engine(database_url)
     try:

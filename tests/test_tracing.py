@@ -21,7 +21,7 @@ from typing import Any
 
 import flask
 import pytest
-from alembic.autogenerate import produce_migrations, render_python_code
+from alembic.autogenerate import render_python_code
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from alembic.operations.ops import AddColumnOp, ModifyTableOps
@@ -62,7 +62,7 @@ from sa_outbox.statements import MAX_HEADERS_BYTES, claim_jobs
 
 from .brokers import REDIS, require
 from .conftest import Job, OutboxEvent
-from .helpers import event_rows, global_tracer_provider, jobs_by_status, run_cli
+from .helpers import autogenerate_in, event_rows, global_tracer_provider, jobs_by_status, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_JITTER = Backoff(base=1, max=300, jitter=0)
@@ -484,12 +484,7 @@ def test_autogenerate_adds_the_column_to_an_install_made_before_it(database_url:
         __table_schema__ = schema
 
     def changes(connection: Any) -> Any:
-        def include_name(name: str | None, type_: str, _parents: object) -> bool:
-            return name == schema if type_ == "schema" else True
-
-        opts = {"include_schemas": True, "include_name": include_name}
-        context = MigrationContext.configure(connection, opts=opts)
-        return produce_migrations(context, Base.metadata).upgrade_ops
+        return autogenerate_in(connection, Base.metadata, schema)
 
     pg = create_engine(database_url)
     try:

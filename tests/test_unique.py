@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from alembic.autogenerate import produce_migrations
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from alembic.operations.ops import AddColumnOp, CreateIndexOp, ModifyTableOps
@@ -48,7 +47,7 @@ from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL
 from sa_outbox.statements import retry_failed_jobs, select_unique_held_failed_jobs, snooze_job
 
 from .conftest import TEST_SCHEMA, WORKER_T0, Job
-from .helpers import job_row, jobs_by_status, run_cli, wait_until
+from .helpers import autogenerate_in, job_row, jobs_by_status, run_cli, wait_until
 from .helpers_admin import JOB_MODEL
 
 WAIT = 10.0
@@ -644,12 +643,7 @@ def test_a_table_made_before_unique_jobs_takes_the_others_and_autogenerate_migra
         __table_schema__ = schema
 
     def changes(connection: Any) -> Any:
-        def include_name(name: str | None, type_: str, _parents: object) -> bool:
-            return name == schema if type_ == "schema" else True
-
-        opts = {"include_schemas": True, "include_name": include_name}
-        context = MigrationContext.configure(connection, opts=opts)
-        return produce_migrations(context, Base.metadata).upgrade_ops
+        return autogenerate_in(connection, Base.metadata, schema)
 
     pg = sa.create_engine(database_url)
     try:
