@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -212,3 +215,30 @@ def test_job_status_counts_use_the_enum(engine: Engine) -> None:
         assert queue.counts(conn)[JobStatus.PENDING] == 1
         status = conn.execute(text(f"SELECT status FROM {TEST_SCHEMA}.jobs")).scalar_one()
     assert status == "pending"
+
+
+def test_the_dataclass_mixins_keep_their_column_order_whatever_the_hash_seed() -> None:
+    # The order was once a set's: it changed with PYTHONHASHSEED, and with it the inbox's
+    # composite primary key, which autogenerate then no longer recognised.
+    script = (
+        "from sqlalchemy.orm import DeclarativeBase, MappedAsDataclass\n"
+        "from sa_outbox import InboxDataclassMixin, JobDataclassMixin, OutboxDataclassMixin\n"
+        "class B(MappedAsDataclass, DeclarativeBase): pass\n"
+        "class I(InboxDataclassMixin, B): __tablename__ = 'inbox'\n"
+        "class J(JobDataclassMixin, B): __tablename__ = 'jobs'\n"
+        "class O(OutboxDataclassMixin, B): __tablename__ = 'outbox'\n"
+        "print([[c.name for c in t.__table__.columns] for t in (I, J, O)],"
+        " [c.name for c in I.__table__.primary_key.columns])\n"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in range(6)
+    }
+    assert len(seen) == 1, seen
+    assert seen.pop().rstrip().endswith("['source', 'message_id']")

@@ -205,9 +205,11 @@ _CLASS_SETTINGS = frozenset(
 def _dataclass_variant(mixin: type[_C], specs: dict[str, _Spec], doc: str) -> type[_C]:
     # MappedAsDataclass bases refuse attributes inherited from a non-dataclass mixin, and plain
     # bases refuse dataclass arguments: the same columns, re-declared with dataclass kwargs.
-    # Required fields (no default) must come first in a dataclass.
+    # Required fields (no default) must come first in a dataclass; otherwise the mixin's own
+    # order (a stable sort of the annotations in order, not of a set, whose order changes
+    # with the hash seed: the inbox's composite primary key follows the columns' order).
     names = sorted(
-        mixin.__annotations__.keys() - _CLASS_SETTINGS,
+        (name for name in mixin.__annotations__ if name not in _CLASS_SETTINGS),
         key=lambda n: bool(specs[n][2]),
     )
     namespace: dict[str, Any] = {
