@@ -277,15 +277,15 @@ class JobContext:
         job = NewJob(
             kind,
             payload,
-            queue,
-            priority,
-            run_at,
-            delay,
-            max_attempts,
-            deduplication_key,
-            headers,
-            lock_key,
-            unique,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=max_attempts,
+            deduplication_key=deduplication_key,
+            headers=headers,
+            lock_key=lock_key,
+            unique=unique,
         )
         if self._check is not None:
             self._check(job)
