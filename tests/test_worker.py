@@ -9,6 +9,7 @@ Every test ends by counting the jobs in the table.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import os
@@ -47,7 +48,7 @@ from sa_outbox.schema._notify_trigger import job_notify_channel
 from sa_outbox.statements import listen_sql
 
 from .conftest import TEST_SCHEMA, Job
-from .helpers import job_row, jobs_by_status
+from .helpers import job_row, jobs_by_status, wait_until
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 NO_JITTER = Backoff(base=1, max=300, jitter=0)
@@ -767,3 +768,48 @@ def test_a_vacuum_that_fails_is_reported_and_no_job_is_lost(engine: Engine) -> N
         unreachable.dispose()
     assert not thread.is_alive() and not thread.errors  # type: ignore[attr-defined]
     assert jobs_by_status(engine) == {"succeeded": 50}
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_run_once_renews_the_lease_of_a_job_that_outlives_it(
+    engine: Engine,
+    queue: JobQueue,
+    clock: FakeClock,
+    make_worker: Callable[..., Worker],
+    make_async_worker: Callable[..., AsyncWorker],
+    flavour: str,
+) -> None:
+    # run_once and drain run no keeper: while they wait for a long handler, they renew its
+    # lease themselves, or another worker would claim the job again mid-run.
+    with engine.begin() as conn:
+        job_id = queue.enqueue(conn, "long", {}).id
+    started, gate = threading.Event(), threading.Event()
+
+    def long(job: JobContext) -> None:
+        started.set()
+        gate.wait(60)
+
+    app = JobApp(Job)
+    app.register("long", long)
+    options = {"lease": 30, "heartbeat_interval": 0.05}
+    claimed: list[int] = []
+    if flavour == "sync":
+        worker = make_worker(app, **options)
+        thread = threading.Thread(target=lambda: claimed.append(worker.run_once()))
+    else:
+        aworker = make_async_worker(app, **options)
+        thread = threading.Thread(target=lambda: claimed.append(asyncio.run(aworker.run_once())))
+    thread.start()
+    try:
+        assert started.wait(30)
+        assert job_row(engine, job_id).lease_until == clock.now() + dt.timedelta(seconds=30)
+        clock.advance(20)  # two thirds of the lease: a renewal now counts from here
+        renewed = clock.now() + dt.timedelta(seconds=30)
+        wait_until(lambda: job_row(engine, job_id).lease_until == renewed, "the renewal", 30)
+    finally:
+        gate.set()
+        thread.join(30)
+    assert claimed == [1]
+    row = job_row(engine, job_id)
+    assert (str(row.status), row.attempts) == ("succeeded", 1)
+    assert jobs_by_status(engine) == {"succeeded": 1}

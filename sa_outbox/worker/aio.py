@@ -629,10 +629,26 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
     async def run_once(self, timeout: float | None = None) -> int:
         """See `Worker.run_once`."""
         claimed = await self.claim()
-        await self.wait_for_handlers(timeout)
+        await self._wait_renewing(timeout)
         self.check_timeouts()
         await self.flush()
         return claimed
+
+    async def _wait_renewing(self, timeout: float | None) -> bool:
+        """See `Worker._wait_renewing`."""
+        interval = self.settings.heartbeat_interval
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            if await self.wait_for_handlers(interval if left is None else min(interval, left)):
+                return True
+            if left is not None and left <= interval:
+                return False
+            try:
+                await self.heartbeat()
+            except Exception:  # its jobs were cancelled if their leases may have expired
+                log.warning("a heartbeat failed while waiting for the handlers", exc_info=True)
 
     async def drain(self, timeout: float | None = None) -> int:
         """See `Worker.drain`."""

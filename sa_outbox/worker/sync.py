@@ -650,10 +650,27 @@ class Worker(DriverBase[Engine]):
                 pass
         """
         claimed = self.claim()
-        self.wait_for_handlers(timeout)
+        self._wait_renewing(timeout)
         self.check_timeouts()
         self.flush()
         return claimed
+
+    def _wait_renewing(self, timeout: float | None) -> bool:
+        """`wait_for_handlers`, renewing the held jobs' leases every heartbeat interval
+        meanwhile: `run_once` and `drain` run no keeper, and a job that runs longer than
+        its lease would otherwise be claimed again by another worker while it still runs."""
+        interval = self.settings.heartbeat_interval
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self.wait_for_handlers(interval if left is None else min(interval, left)):
+                return True
+            if left is not None and left <= interval:
+                return False
+            try:
+                self.heartbeat()
+            except Exception:  # its jobs were cancelled if their leases may have expired
+                log.warning("a heartbeat failed while waiting for the handlers", exc_info=True)
 
     def drain(self, timeout: float | None = None) -> int:
         """`run_once` until a claim finds nothing; returns how many jobs were claimed.
