@@ -9,6 +9,7 @@ goes idle, before it answers, so the counts read afterwards are exact, with no w
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -23,11 +24,13 @@ from sa_outbox import (
     AsyncVacuumer,
     InvalidArgument,
     InvalidArgumentType,
+    JobApp,
     JobMixin,
     JobQueue,
     NewJob,
     Vacuumer,
     VacuumPolicy,
+    Worker,
 )
 
 from .conftest import TEST_SCHEMA
@@ -184,7 +187,7 @@ def test_a_table_another_vacuum_holds_is_skipped_without_waiting(engine: Engine)
 
 
 def test_a_table_the_role_does_not_own_is_reported_and_left_alone(
-    engine: Engine, database_url: str
+    engine: Engine, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     role = f"sa_outbox_not_owner_{TEST_SCHEMA.rsplit('_', 1)[-1]}"
     with engine.begin() as conn:
@@ -206,6 +209,22 @@ def test_a_table_the_role_does_not_own_is_reported_and_left_alone(
         assert report.vacuumed == []
         assert report.not_owned == [JOBS]
         assert _dead_tuples(engine) >= 200
+        # A worker says so, once: with least-privilege roles its vacuum is off otherwise
+        # without a word.
+        worker = Worker(
+            JobApp(Job, handlers={"noop": lambda job: None}),
+            restricted,
+            vacuum=VacuumPolicy(threshold=50),
+            listen=False,
+            install_signal_handlers=False,
+        )
+        try:
+            with caplog.at_level(logging.WARNING, logger="sa_outbox.worker"):
+                assert worker.vacuum() == worker.vacuum() == report
+        finally:
+            worker.close()
+        warnings = [r.getMessage() for r in caplog.records if "cannot vacuum" in r.getMessage()]
+        assert len(warnings) == 1 and JOBS in warnings[0], warnings
     finally:
         restricted.dispose()
         with engine.begin() as conn:

@@ -464,7 +464,19 @@ class DriverBase(abc.ABC, Generic[E]):
                 " (another pruner held the lock)" if report.skipped else "",
             )
 
-    @staticmethod
-    def _log_vacuumed(report: VacuumReport) -> None:
+    def _log_vacuumed(self, report: VacuumReport) -> None:
         for table in report.vacuumed:
             log.info("vacuumed %s (%d dead tuples)", table, report.dead_tuples[table])
+        # Once per table: a role that does not own it cannot vacuum it, and the ready path
+        # is then left to autovacuum (docs/vacuum.md says what to do).
+        warned = self.__dict__.setdefault("_not_owned_warned", set())
+        for table in report.not_owned:
+            if table not in warned:
+                warned.add(table)
+                log.warning(
+                    "the worker cannot vacuum %s, past its dead-tuple threshold: its database "
+                    "role does not own the table, so the ready path is left to autovacuum; "
+                    "run the worker as the owner, or vacuum=None to stop trying "
+                    "(docs/vacuum.md)",
+                    table,
+                )
