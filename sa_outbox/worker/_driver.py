@@ -239,6 +239,7 @@ class DriverBase(abc.ABC, Generic[E]):
             raise InvalidArgumentType(f"schedules must be a bool, got {type(schedules).__name__}")
         #: Enqueues the app's periodic jobs (``None``: it has none, or ``schedules=False``).
         self.scheduler = Scheduler(app.schedules) if schedules and app.schedules else None
+        self._not_owned_warned: set[str] = set()  # tables the worker said it cannot vacuum
         self._schedule_ops = ops
         self._clock = clock or DATABASE_CLOCK
         self._next_schedule = None if self.scheduler is None else timer()
@@ -469,10 +470,9 @@ class DriverBase(abc.ABC, Generic[E]):
             log.info("vacuumed %s (%d dead tuples)", table, report.dead_tuples[table])
         # Once per table: a role that does not own it cannot vacuum it, and the ready path
         # is then left to autovacuum (docs/vacuum.md says what to do).
-        warned = self.__dict__.setdefault("_not_owned_warned", set())
         for table in report.not_owned:
-            if table not in warned:
-                warned.add(table)
+            if table not in self._not_owned_warned:
+                self._not_owned_warned.add(table)
                 log.warning(
                     "the worker cannot vacuum %s, past its dead-tuple threshold: its database "
                     "role does not own the table, so the ready path is left to autovacuum; "
