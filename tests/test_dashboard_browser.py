@@ -25,8 +25,10 @@ pytest.importorskip("flask", reason="the dashboard needs Flask (the test extra h
 pytest.importorskip("selenium", reason="the browser test needs Selenium (the test extra has it)")
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.wait import WebDriverWait
 from werkzeug.serving import make_server
 
 from sa_outbox.dashboard import create_app
@@ -96,7 +98,11 @@ def test_see_a_failed_job_and_retry_it_in_a_browser(
         "document.querySelectorAll('input[name=csrf_token]').forEach(e => e.remove())"
     )
     row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    assert "CSRF token is missing or wrong" in browser.find_element(By.TAG_NAME, "body").text
+    # The refusal is a new page: wait for it to replace this one (the old body goes stale).
+    refused = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
+    refused.until(
+        lambda b: "CSRF token is missing or wrong" in b.find_element(By.TAG_NAME, "body").text
+    )
     assert jobs_by_status(engine) == {"failed": 1}
 
     browser.get(f"{live_url}/jobs?status=failed")
