@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from alembic.autogenerate import produce_migrations
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select, text
 
 from sa_outbox import JobQueue
 from sa_outbox.cli import main
@@ -46,8 +46,6 @@ def job_row(engine: Engine, job_id: uuid.UUID) -> Any:
 
 def jobs_by_status(engine: Engine) -> dict[str, int]:
     t = Job.__table__
-    from sqlalchemy import func
-
     with engine.connect() as conn:
         rows = conn.execute(select(t.c.status, func.count()).group_by(t.c.status)).all()
     return {str(status): n for status, n in rows}
@@ -144,3 +142,26 @@ def autogenerate_in(connection: Any, metadata: Any, schema: str) -> Any:
     opts = {"include_schemas": True, "include_name": include_name}
     context = MigrationContext.configure(connection, opts=opts)
     return produce_migrations(context, metadata).upgrade_ops
+
+
+def waits_on_advisory_lock(engine: Engine, pid: int | None) -> bool:
+    """Whether the backend ``pid`` is waiting for an advisory lock (``pg_stat_activity``)."""
+    with engine.connect() as conn:
+        event = conn.execute(
+            text("SELECT wait_event FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+        ).scalar()
+    return bool(event == "advisory")
+
+
+def database_clock(engine: Engine) -> float:
+    """The server's ``clock_timestamp()`` as epoch seconds: one clock for every thread's
+    ledger entries."""
+    with engine.connect() as conn:
+        return float(conn.execute(text("SELECT extract(epoch FROM clock_timestamp())")).scalar())
+
+
+def unfinished_jobs(engine: Engine) -> int:
+    """How many jobs of the test table have not succeeded."""
+    t = Job.__table__
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).where(t.c.status != "succeeded")).scalar_one())

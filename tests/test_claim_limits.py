@@ -39,7 +39,14 @@ from sa_outbox.schema import JobMixin
 from sa_outbox.statements import claim_jobs, lock_claim_limits
 
 from .conftest import TEST_SCHEMA, Job
-from .helpers import autogenerate_in, jobs_by_status, wait_until
+from .helpers import (
+    autogenerate_in,
+    database_clock,
+    jobs_by_status,
+    unfinished_jobs,
+    wait_until,
+    waits_on_advisory_lock,
+)
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 
@@ -276,14 +283,6 @@ def test_without_the_lock_two_concurrent_claims_exceed_the_limit_and_with_it_the
     assert jobs_by_status(engine) == {"running": 1, "pending": 3}
 
 
-def waits_on_advisory_lock(engine: Engine, pid: int | None) -> bool:
-    with engine.connect() as conn:
-        event = conn.execute(
-            text("SELECT wait_event FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
-        ).scalar()
-    return bool(event == "advisory")
-
-
 CLAIMERS = 8
 
 
@@ -319,13 +318,13 @@ def test_a_limit_is_never_exceeded_by_eight_concurrent_claimers(
                         kinds=["call-api", "sync-account"],
                         limits=limits,
                     )
-                started = clock_now(engine)
+                started = database_clock(engine)
                 if not taken:
-                    if remaining(engine) == 0:
+                    if unfinished_jobs(engine) == 0:
                         return
                     continue
                 time.sleep(0.005)  # the jobs' work: other claimers take their turns meanwhile
-                ended = clock_now(engine)
+                ended = database_clock(engine)
                 with engine.begin() as conn:
                     own.complete_many(conn, [(job.id, job.lease_token) for job in taken])
                 with guard:
@@ -348,20 +347,6 @@ def test_a_limit_is_never_exceeded_by_eight_concurrent_claimers(
         assert max_overlap(ledger, lambda e, a=acct: e[3] == a) <= 1  # type: ignore[misc]
     # The claimers did overlap: the limits, not turn-taking, kept them under.
     assert max_overlap(ledger, lambda e: True) >= 3
-
-
-def clock_now(engine: Engine) -> float:
-    with engine.connect() as conn:
-        return float(conn.execute(text("SELECT extract(epoch FROM clock_timestamp())")).scalar())
-
-
-def remaining(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text(f"SELECT count(*) FROM {TEST_SCHEMA}.jobs WHERE status <> 'succeeded'")
-            ).scalar()
-        )
 
 
 def max_overlap(ledger: list[tuple[float, float, str, str | None]], chosen: Any) -> int:

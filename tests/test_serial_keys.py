@@ -27,7 +27,14 @@ from sa_outbox import FakeClock, InvalidArgument, JobApp, JobQueue, NewJob
 from sa_outbox.schema import JobMixin
 
 from .conftest import TEST_SCHEMA, Job
-from .helpers import autogenerate_in, jobs_by_status, wait_until
+from .helpers import (
+    autogenerate_in,
+    database_clock,
+    jobs_by_status,
+    unfinished_jobs,
+    wait_until,
+    waits_on_advisory_lock,
+)
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 
@@ -158,14 +165,6 @@ def test_the_order_is_the_order_of_commits_not_of_transactions(
     assert jobs_by_status(engine) == {"succeeded": 2}
 
 
-def waits_on_advisory_lock(engine: Engine, pid: int | None) -> bool:
-    with engine.connect() as conn:
-        event = conn.execute(
-            text("SELECT wait_event FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
-        ).scalar()
-    return bool(event == "advisory")
-
-
 def test_eight_concurrent_claimers_never_overlap_a_key_and_keep_its_order(
     engine: Engine, queue: JobQueue, clock: FakeClock
 ) -> None:
@@ -186,13 +185,13 @@ def test_eight_concurrent_claimers_never_overlap_a_key_and_keep_its_order(
             while time.monotonic() < deadline:
                 with engine.begin() as conn:
                     taken = own.claim(conn, worker_id=f"c{n}", batch=1 + n % 4)
-                started = now(engine)
+                started = database_clock(engine)
                 if not taken:
-                    if remaining(engine) == 0:
+                    if unfinished_jobs(engine) == 0:
                         return
                     continue
                 time.sleep(0.003)  # the jobs' work: other claimers take their turns
-                ended = now(engine)
+                ended = database_clock(engine)
                 with engine.begin() as conn:
                     own.complete_many(conn, [(job.id, job.lease_token) for job in taken])
                 with guard:
@@ -219,20 +218,6 @@ def test_eight_concurrent_claimers_never_overlap_a_key_and_keep_its_order(
     # Different keys did run side by side.
     spans = sorted((start, end) for start, end, _, _ in ledger)
     assert any(spans[i][1] > spans[i + 1][0] for i in range(len(spans) - 1))
-
-
-def now(engine: Engine) -> float:
-    with engine.connect() as conn:
-        return float(conn.execute(text("SELECT extract(epoch FROM clock_timestamp())")).scalar())
-
-
-def remaining(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text(f"SELECT count(*) FROM {TEST_SCHEMA}.jobs WHERE status <> 'succeeded'")
-            ).scalar()
-        )
 
 
 def test_a_worker_runs_a_key_in_order_with_free_handlers(
