@@ -128,6 +128,11 @@ def _claim_order(job: ClaimedJob) -> tuple[int, dt.datetime, uuid.UUID]:
     return (-job.priority, job.run_at, job.id)
 
 
+def _hashable(names: object) -> object:
+    """An option's value as a dictionary key (a list or set of names becomes a tuple)."""
+    return tuple(names) if isinstance(names, list | set | frozenset) else names
+
+
 def _cached(
     cache: dict[tuple[Any, ...], Executable],
     options: dict[str, Any] | None,
@@ -137,10 +142,7 @@ def _cached(
     (``None``: not cacheable, built afresh)."""
     if options is None:
         return build()
-    key = tuple(
-        (name, tuple(value) if isinstance(value, list | set | frozenset) else value)
-        for name, value in sorted(options.items())
-    )
+    key = tuple((name, _hashable(value)) for name, value in sorted(options.items()))
     try:
         stmt = cache.get(key)
     except TypeError:  # an unhashable option: let the builder say what is wrong with it
@@ -192,7 +194,7 @@ class _JobOps:
         self._enqueue_unique: tuple[Executable, dict[str, Any] | None] | None = None
         self._driver_insert_unique: DriverInsert | None = None
         self._claims: dict[tuple[Any, ...], Executable] = {}
-        self._locks: dict[st.ClaimLimits, Executable] = {}
+        self._locks: dict[tuple[Any, ...], Executable | None] = {}
         self._completion: Executable | None = None
         self._complete_claims: dict[tuple[Any, ...], Executable] = {}
 
@@ -296,21 +298,19 @@ class _JobOps:
         return jobs
 
     def _limits_lock(self, options: dict[str, Any]) -> Executable | None:
-        """`st.lock_claim_limits` for the limits this claim touches (``None``: none)."""
+        """`st.lock_claim_limits` for the limits this claim touches (``None``: none), built
+        once per limits, queues and kinds (a worker claims with the same ones every time)."""
         limits = options.get("limits")
-        if limits is None:
-            return None
-        if not isinstance(limits, st.ClaimLimits):
-            return None  # claim_jobs says what is wrong with it
-        applied = limits.applying(
-            name_filter(options.get("queues"), "queues"), name_filter(options.get("kinds"), "kinds")
-        )
-        if applied is None:
-            return None
-        lock = self._locks.get(applied)
-        if lock is None:
-            lock = self._locks[applied] = st.lock_claim_limits(self.table, applied)
-        return lock
+        if limits is None or not isinstance(limits, st.ClaimLimits):
+            return None  # not a ClaimLimits: claim_jobs says what is wrong with it
+        queues, kinds = options.get("queues"), options.get("kinds")
+        key = (limits, _hashable(queues), _hashable(kinds))
+        if key not in self._locks:
+            applied = limits.applying(name_filter(queues, "queues"), name_filter(kinds, "kinds"))
+            self._locks[key] = (
+                None if applied is None else st.lock_claim_limits(self.table, applied)
+            )
+        return self._locks[key]
 
     def _claim_statement(self, options: dict[str, Any]) -> Executable:
         # A worker claims with the same options again and again: with the database's clock
