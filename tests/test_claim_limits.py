@@ -47,6 +47,7 @@ from .helpers import (
     wait_until,
     waits_on_advisory_lock,
 )
+from .test_pause import ControlBase, PausedQueue
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 
@@ -195,8 +196,6 @@ def test_retries_count_against_the_rate(
 def test_a_paused_queue_is_not_claimed_by_a_limited_kind(
     engine: Engine, queue: JobQueue, clock: FakeClock
 ) -> None:
-    from .test_pause import ControlBase, PausedQueue
-
     ControlBase.metadata.create_all(engine)
     try:
         enqueue(engine, queue, [NewJob("a", {}, queue="held") for _ in range(3)])
