@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Table
 from sqlalchemy.exc import DBAPIError
 
+from .._human import moment
 from ..queue import get_job, kind_exists, list_jobs, retry_failed
 from ..queue._job_queue import JobQueue
 from ..queue._results import EnqueueResult
@@ -29,7 +30,7 @@ from ._common import (
     load_table,
     parse_duration,
 )
-from ._render import as_json, format_record, format_retried, listed_ids, moment, table
+from ._render import as_json, format_record, format_retried, listed_ids, table
 from ._targets import add_job_target, add_json_and_target, connection, job_id, job_table
 
 

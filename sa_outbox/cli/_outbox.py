@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+from .._human import moment
 from ..queue import get_event, list_events, retry_parked
 from ._common import CommandError, _add_command, _positive_int
-from ._render import as_json, format_record, format_retried, moment, table
+from ._render import as_json, format_record, format_retried, table
 from ._targets import add_json_and_target, add_outbox_target, connection, job_id, outbox_table
 
 _LIST_EXAMPLE = """\

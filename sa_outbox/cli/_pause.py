@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 
 from .._exceptions import SaOutboxError
+from .._human import moment
 from .._validation import text
 from ..queue import QueueControl, queue_exists
 from ._common import CommandError, _add_command, _add_database_url
-from ._render import moment
 from ._targets import add_job_target, add_pause_target, connection, job_table, pause_table
 
 _PAUSE_EXAMPLE = """\

@@ -7,41 +7,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._human import moment
 from ..queue import as_plain
-
-
-def age(value: dt.timedelta | None) -> str:
-    """A duration as an operator reads it: ``45s``, ``2m05s``, ``3h07m``, ``2d04h``.
-
-    Examples:
-        >>> age(dt.timedelta(seconds=125)), age(dt.timedelta(days=2, hours=4)), age(None)
-        ('2m05s', '2d04h', '-')
-    """
-    if value is None:
-        return "-"
-    seconds = max(0, int(value.total_seconds()))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
-
-
-def moment(value: dt.datetime | None) -> str:
-    """A time in UTC to the second: ``2030-01-01 09:00:00``.
-
-    Examples:
-        >>> moment(dt.datetime(2030, 1, 1, 9, 0, 0, 5, tzinfo=dt.UTC)), moment(None)
-        ('2030-01-01 09:00:00', '-')
-    """
-    if value is None:
-        return "-"
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, right: int = 0) -> str:
@@ -74,20 +41,6 @@ def as_json(value: Any) -> str:
         '{"age": 1.5, "at": null}'
     """
     return json.dumps(as_plain(value), default=str)
-
-
-def span(value: dt.timedelta) -> str:
-    """A window as ``1h``, ``5m``, ``1m30s``: `age` without its zero tail.
-
-    Examples:
-        >>> span(dt.timedelta(hours=1)), span(dt.timedelta(seconds=90))
-        ('1h', '1m30s')
-    """
-    text = age(value)
-    for tail in ("00s", "00m", "00h"):
-        if text.endswith(tail) and len(text) > len(tail):
-            return text[: -len(tail)]
-    return text
 
 
 def format_record(found: dict[str, Any], *, long: tuple[str, ...]) -> str:

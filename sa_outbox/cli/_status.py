@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Table
 
+from .._human import age, moment, span
 from ..queue import QueueDepth, QueueStatus, as_plain, queue_depths, queue_status
 from ..schema import JobStatus, resolve_table
 from ..worker import JobApp, ScheduleStatus, schedule_status
@@ -23,7 +24,7 @@ from ._common import (
     positive_seconds,
 )
 from ._pause import add_pause_actions
-from ._render import age, as_json, moment, span, table
+from ._render import as_json, table
 from ._targets import (
     add_job_target,
     add_outbox_target,
