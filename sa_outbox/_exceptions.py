@@ -7,6 +7,7 @@ SaOutboxError
 ├── InvalidArgumentType      (also a TypeError)   — an argument of the wrong type
 │   └── PayloadNotSerializable                   — a payload JSON cannot encode
 ├── LeaseLost                                    — a fenced write matched no row
+├── MissingExtra             (also an ImportError) — an optional dependency is not installed
 │   (the worker runtime's, in sa_outbox.worker.errors:)
 ├── PermanentError                               — a handler's "do not retry": failed now
 │   ├── UnknownJobKind                           — no handler for a claimed job's kind
@@ -42,6 +43,16 @@ class SaOutboxError(Exception):
         ... except SaOutboxError as exc:
         ...     print(type(exc).__name__)
         LeaseLost
+    """
+
+
+class MissingExtra(SaOutboxError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    extra to install (``pip install "sa-outbox[asyncio]"``).
+
+    Examples:
+        >>> issubclass(MissingExtra, ImportError)
+        True
     """
 
 

@@ -20,13 +20,13 @@ import dataclasses
 import inspect
 import signal
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from .._asyncio_ext import create_async_engine, is_async_engine, is_async_engine_class
 from .._connect_args import check_listen_url, connect_args
 from .._exceptions import InvalidArgument
 from .._loading import import_target
@@ -50,6 +50,9 @@ from ._common import (
     _setup_logging,
     given_listen_url,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 _EXAMPLE = "myapp.outbox:make_relay"
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -106,19 +109,20 @@ def _parameters(function: Callable[..., Any]) -> list[inspect.Parameter]:
     return list(signature.parameters.values())
 
 
-def _engine_kind(parameter: inspect.Parameter) -> type[Engine] | type[AsyncEngine] | None:
+_KIND_BY_NAME: dict[str, Literal["sync", "async"]] = {"Engine": "sync", "AsyncEngine": "async"}
+
+
+def _engine_kind(parameter: inspect.Parameter) -> Literal["sync", "async"] | None:
     """What engine a function's one required parameter asks for (``None``: not an engine)."""
     annotation = parameter.annotation
     if annotation is inspect.Parameter.empty:
-        return Engine if parameter.name == "engine" else None
+        return "sync" if parameter.name == "engine" else None
     if isinstance(annotation, str):  # not resolvable at run time: read its last name
-        annotation = {"Engine": Engine, "AsyncEngine": AsyncEngine}.get(
-            annotation.rpartition(".")[2]
-        )
-    if isinstance(annotation, type) and issubclass(annotation, AsyncEngine):
-        return AsyncEngine
+        return _KIND_BY_NAME.get(annotation.rpartition(".")[2])
+    if isinstance(annotation, type) and is_async_engine_class(annotation):
+        return "async"
     if isinstance(annotation, type) and issubclass(annotation, Engine):
-        return Engine
+        return "sync"
     return None
 
 
@@ -179,7 +183,7 @@ def load_relay_target(
         made = found()
     elif kind is not None:
         url = _resolve_url(database_url)
-        if kind is AsyncEngine:
+        if kind == "async":
             engine = create_async_engine(url, connect_args=connect_args())
             prepare_nothing_behind_a_pooler(engine.sync_engine)
         else:
@@ -195,7 +199,7 @@ def load_relay_target(
 
 
 def _dispose_now(engine: Engine | AsyncEngine) -> None:
-    if isinstance(engine, AsyncEngine):
+    if is_async_engine(engine):
         asyncio.run(engine.dispose())
     else:
         engine.dispose()
@@ -305,7 +309,7 @@ async def _run_async_relay(
             loop.remove_signal_handler(signum)
         await relay.aclose()
         await relay.engine.dispose()
-        if isinstance(made, AsyncEngine) and made is not relay.engine:
+        if is_async_engine(made) and made is not relay.engine:
             await made.dispose()
         elif isinstance(made, Engine):
             made.dispose()

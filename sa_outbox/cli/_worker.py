@@ -7,8 +7,8 @@ import asyncio
 
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import create_async_engine
 
+from .._asyncio_ext import create_async_engine
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument
 from .._loading import load_instance

@@ -10,10 +10,9 @@ each operation its typed signature. None of them commits: the caller owns the tr
 from __future__ import annotations
 
 import datetime as dt
-import sys
 import uuid
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 from sqlalchemy import Connection, Engine, Executable
 from sqlalchemy.orm import Session
@@ -100,13 +99,6 @@ async def _adrive(conn: AsyncConn, op: BoundOp[T]) -> T:
                 step = op.send(await conn.execute(step[0], step[1]))
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
-
-
-def is_async_engine(value: object) -> TypeGuard[AsyncEngine]:
-    """Whether ``value`` is an `AsyncEngine` (without importing sqlalchemy.ext.asyncio, which
-    needs greenlet: if it was never imported, nothing is one)."""
-    aio = sys.modules.get("sqlalchemy.ext.asyncio")
-    return aio is not None and isinstance(value, aio.AsyncEngine)
 
 
 def _drive_autocommit(engine: Engine, op: BoundOp[T]) -> T:

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine, Table
 
 from .. import statements as st
+from .._asyncio_ext import is_async_engine
 from .._clock import Clock
 from .._exceptions import InvalidArgumentType
 from ..statements._inbox import checked_message, inbox_table
-from ._executors import Op, SyncConn, _adrive, _drive, is_async_engine
+from ._executors import Op, SyncConn, _adrive, _drive
 
 if TYPE_CHECKING:
     from ._executors import AsyncConn

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import Engine, Table
 
 from .. import statements as st
+from .._asyncio_ext import is_async_engine
 from .._backoff import Backoff
 from .._clock import Clock
 from .._tracing import current_trace_headers
@@ -24,7 +25,6 @@ from ._executors import (
     _drive,
     _drive_autocommit,
     _JobOps,
-    is_async_engine,
 )
 from ._results import (
     BatchResult,

@@ -36,8 +36,8 @@ from typing import Any
 
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
+from .._asyncio_ext import create_async_engine
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument
 from .._loading import load_instance
