@@ -1,7 +1,8 @@
 """An embedded PostgreSQL for demos, examples and tests on a machine with no server.
 
 The server is the ``pgserver`` package's PostgreSQL (``pip install "sa-outbox[embedded]"``),
-listening on a Unix socket only. `embedded_database_url` starts one of two kinds:
+listening on a Unix socket; with ``tcp=True`` also on a free port of 127.0.0.1 (for a
+client that needs TCP: a proxy, PgBouncer). `embedded_database_url` starts one of two kinds:
 
 - **temporary** (no ``data_dir``): a fresh folder under the temporary directory, for this
   process (and the processes it forks) alone. It is stopped and deleted when the process
@@ -36,6 +37,7 @@ import errno
 import importlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -64,7 +66,8 @@ PGDATA = "pgdata"
 class _Joined:
     """A server this process uses: its URL, and what keeps it (and its clean-up) alive."""
 
-    url: str
+    socket_url: str
+    tcp_url: str | None
     root: Path
     temporary: bool
     pg_ctl: Path
@@ -83,7 +86,7 @@ _hooks_installed = False
 _fork_handshake: tuple[int, int] | None = None
 
 
-def embedded_database_url(data_dir: str | Path | None = None) -> str:
+def embedded_database_url(data_dir: str | Path | None = None, *, tcp: bool = False) -> str:
     """Start (or join) an embedded PostgreSQL and return its SQLAlchemy URL.
 
     Without ``data_dir``, a temporary server of this process's own: stopped and its folder
@@ -92,6 +95,11 @@ def embedded_database_url(data_dir: str | Path | None = None) -> str:
     it yet, joined if one does; stopped when the last process using it ends, however it
     ends, while ``data_dir`` and its data are kept for the next run (delete the folder to
     drop them). Linux and macOS; needs ``pip install "sa-outbox[embedded]"``.
+
+    The URL names the server's Unix socket. With ``tcp=True`` the server also listens on a
+    free port of 127.0.0.1 and the URL names that port, for a client that cannot use a
+    socket (a TCP proxy, PgBouncer). Like the socket, the port trusts every local user: it
+    is for a developer's machine and tests, never for a shared host.
 
     Examples:
         url = embedded_database_url()
@@ -105,16 +113,27 @@ def embedded_database_url(data_dir: str | Path | None = None) -> str:
         else:
             root = Path(data_dir).expanduser().resolve()
             if root in _joined:
-                return _joined[root].url
+                return _url(_joined[root], root, tcp=tcp)
             try:
                 root.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise SaOutboxError(
                     f"cannot create the embedded PostgreSQL's folder {root}: {exc.strerror}"
                 ) from exc
-        joined = _join(pgserver, root, temporary=data_dir is None)
+        joined = _join(pgserver, root, temporary=data_dir is None, tcp=tcp)
         _joined[root] = joined
-        return joined.url
+        return _url(joined, root, tcp=tcp)
+
+
+def _url(joined: _Joined, root: Path, *, tcp: bool) -> str:
+    if not tcp:
+        return joined.socket_url
+    if joined.tcp_url is None:
+        raise SaOutboxError(
+            f"the embedded PostgreSQL in {root} was started without TCP by another process: "
+            "stop the processes that use it, or call embedded_database_url(tcp=True) in the first"
+        )
+    return joined.tcp_url
 
 
 def _pgserver() -> Any:
@@ -135,7 +154,7 @@ def _pgserver() -> Any:
             ) from exc
 
 
-def _join(pgserver: Any, root: Path, *, temporary: bool) -> _Joined:
+def _join(pgserver: Any, root: Path, *, temporary: bool, tcp: bool) -> _Joined:
     global _hooks_installed
     pg_ctl = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pg_ctl"
     lock_fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -147,19 +166,23 @@ def _join(pgserver: Any, root: Path, *, temporary: bool) -> _Joined:
     except BaseException:
         os.close(lock_fd)
         raise
-    joined = _Joined("", root, temporary, pg_ctl, lock_fd, alive_fd, watcher)
+    joined = _Joined("", None, root, temporary, pg_ctl, lock_fd, alive_fd, watcher)
     try:
-        with _starting(root), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            server = pgserver.get_server(root / PGDATA, cleanup_mode=None)
-        info = server.get_postmaster_info()
+        with _starting(root):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                pgserver.get_server(root / PGDATA, cleanup_mode=None)
+            running = _running(root / PGDATA)
+            if tcp and not running.hostname and _alone(lock_fd):
+                _listen_on_loopback(root / PGDATA, pg_ctl, running)
+                running = _running(root / PGDATA)
     except BaseException:
         _leave(joined)
         raise
-    if info.socket_dir is not None:
-        joined.url = f"postgresql+psycopg://postgres@/postgres?host={info.socket_dir}"
-    else:  # pragma: no cover - pgserver listens on TCP only on Windows
-        joined.url = f"postgresql+psycopg://postgres@{info.hostname}:{info.port}/postgres"
+    port = "" if running.port in (None, 5432) else f"&port={running.port}"
+    joined.socket_url = f"postgresql+psycopg://postgres@/postgres?host={running.socket_dir}{port}"
+    if running.hostname:
+        joined.tcp_url = f"postgresql+psycopg://postgres@{running.hostname}:{running.port}/postgres"
     if not _hooks_installed:
         atexit.register(_leave_all)
         os.register_at_fork(
@@ -169,6 +192,67 @@ def _join(pgserver: Any, root: Path, *, temporary: bool) -> _Joined:
         )
         _hooks_installed = True
     return joined
+
+
+@dataclasses.dataclass(frozen=True)
+class _Running:
+    """What ``postmaster.pid`` says of a running server: where it listens."""
+
+    port: int | None
+    socket_dir: str
+    hostname: str  # "" when it listens on no TCP address
+
+
+def _running(pgdata: Path) -> _Running:
+    lines = (pgdata / "postmaster.pid").read_text().splitlines()
+    port = int(lines[3]) if lines[3].strip() else None
+    return _Running(port, lines[4].strip(), lines[5].strip())
+
+
+def _alone(own_fd: int) -> bool:
+    """Whether no other process uses the server (so it may be restarted): this process's
+    shared lock converts to an exclusive one only if no other process holds one."""
+    try:
+        fcntl.lockf(own_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        raise
+    fcntl.lockf(own_fd, fcntl.LOCK_SH)
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _listen_on_loopback(pgdata: Path, pg_ctl: Path, running: _Running) -> None:
+    """Restart the server listening on a free port of 127.0.0.1 too, its socket kept."""
+    owner = pgdata.stat().st_uid
+    options = f"-h 127.0.0.1 -p {_free_port()} -k {running.socket_dir}"
+    subprocess.run(
+        [
+            str(pg_ctl),
+            "-D",
+            str(pgdata),
+            "-m",
+            "fast",
+            "-w",
+            "-o",
+            options,
+            "-l",
+            str(pgdata / "log"),
+            "restart",
+        ],
+        user=owner if os.geteuid() == 0 and owner != 0 else None,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        check=True,
+        timeout=60,
+    )
 
 
 @contextlib.contextmanager

@@ -61,8 +61,9 @@ def _collect_garbage_per_module() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def database_url() -> str:
-    """``SA_OUTBOX_TEST_DATABASE_URL`` when set, else an embedded PostgreSQL."""
-    return os.environ.get("SA_OUTBOX_TEST_DATABASE_URL") or embedded_database_url()
+    """``SA_OUTBOX_TEST_DATABASE_URL`` when set, else an embedded PostgreSQL on loopback TCP
+    (the PgBouncer and network-fault tests put a TCP proxy in front of it)."""
+    return os.environ.get("SA_OUTBOX_TEST_DATABASE_URL") or embedded_database_url(tcp=True)
 
 
 @pytest.fixture(scope="session")

@@ -121,7 +121,7 @@ def url_of(process: subprocess.Popen[str]) -> str:
 
 def folder_of(url: str) -> Path:
     """The server's own folder: the one that holds ``pgdata`` (the socket's folder)."""
-    return Path(url.partition("host=")[2]).parent
+    return Path(url.partition("host=")[2].partition("&")[0]).parent
 
 
 def processes_naming(folder: Path) -> list[str]:
@@ -232,3 +232,80 @@ def test_a_data_dir_that_cannot_be_created_says_so(tmp_path: Path) -> None:
     not_a_folder.write_text("")
     with pytest.raises(SaOutboxError, match="cannot create the embedded PostgreSQL's folder"):
         embedded_database_url(not_a_folder / "pgdata")
+
+
+#: `USER` asking for TCP too: ``tcp`` as the first argument, ``data_dir`` as the optional second.
+USER_TCP = USER.replace(
+    "url = sa_outbox.embedded_database_url(*sys.argv[1:])",
+    "url = sa_outbox.embedded_database_url(*sys.argv[2:], tcp=sys.argv[1] == 'tcp')",
+)
+
+
+def test_a_temporary_server_listens_on_loopback_tcp_when_asked(place: Path) -> None:
+    user = spawn(place, "tcp", code=USER_TCP)
+    assert user.stdout is not None
+    url = user.stdout.readline().strip()
+    assert url.startswith("postgresql+psycopg://postgres@127.0.0.1:"), url
+    assert ask(user, "SHOW listen_addresses") == "127.0.0.1"
+    assert ask(user, "SELECT inet_server_addr() IS NOT NULL") == "True"  # over TCP indeed
+    folder = Path(ask(user, "SHOW data_directory")).parent
+    assert ask(user, "exit") == ""
+    assert user.wait(60) == 0
+    wait_until(lambda: not folder.exists(), "the folder to be deleted")
+    wait_until(lambda: not processes_naming(folder), "the server and watcher to end")
+
+
+def test_a_shared_server_started_with_tcp_serves_both_urls_to_the_next_users(
+    place: Path,
+) -> None:
+    data_dir = place / "shared"
+    first = spawn(place, "tcp", str(data_dir), code=USER_TCP)
+    assert first.stdout is not None
+    tcp_url = first.stdout.readline().strip()
+    assert tcp_url.startswith("postgresql+psycopg://postgres@127.0.0.1:"), tcp_url
+    port = tcp_url.rpartition(":")[2].partition("/")[0]
+    by_socket = spawn(place, "socket", str(data_dir), code=USER_TCP)
+    socket_url = url_of(by_socket)
+    assert socket_url.endswith(f"&port={port}")  # the socket's name carries the port
+    assert ask(first, "CREATE TABLE t (n int)") == "ok"
+    assert ask(by_socket, "SELECT count(*) FROM t") == "0"
+    again = spawn(place, "tcp", str(data_dir), code=USER_TCP)
+    assert again.stdout is not None
+    assert again.stdout.readline().strip() == tcp_url
+    for user in (first, by_socket, again):
+        assert ask(user, "exit") == ""
+        assert user.wait(60) == 0
+    wait_until(lambda: not processes_naming(data_dir), "the server and watchers to end")
+
+
+def test_tcp_on_a_shared_server_another_process_started_without_it_says_so(
+    place: Path,
+) -> None:
+    data_dir = place / "shared"
+    first = spawn(place, "socket", str(data_dir), code=USER_TCP)
+    url_of(first)
+    code = textwrap.dedent(
+        """
+        import sys
+        import sa_outbox
+        try:
+            sa_outbox.embedded_database_url(sys.argv[1], tcp=True)
+        except sa_outbox.SaOutboxError as error:
+            print(error)
+        """
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code, str(data_dir)],
+        cwd=ROOT,
+        env=env_of(place),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert found.returncode == 0, found.stderr
+    assert "was started without TCP by another process" in found.stdout
+    assert ask(first, "SELECT 1") == "1"  # the first user's server was left alone
+    assert ask(first, "exit") == ""
+    assert first.wait(60) == 0
+    wait_until(lambda: not processes_naming(data_dir), "the server and watchers to end")
