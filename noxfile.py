@@ -3,12 +3,15 @@
 bench are not run by default.
 
 The tests run against ``$SA_OUTBOX_TEST_DATABASE_URL`` when it is set, else against an
-embedded PostgreSQL (pgserver, installed by the ``test`` extra). Each session has its own
-Python 3.11 virtualenv; ``nox -r`` reuses them between runs.
+embedded PostgreSQL (pgserver, installed by the ``test`` extra). ``tests`` runs on the Python
+that runs nox (3.11 or newer); ``compat`` runs it on the other
+supported Pythons and SQLAlchemy versions (3.12 with SQLAlchemy 2.0, 3.13 with 2.1), which
+must be installed; CI runs both. Each session has its own virtualenv; ``nox -r``
+reuses them between runs.
 
 Example:
-    nox -s tests                          # SQLAlchemy 2.0 and 2.1
-    nox -s "tests(sqlalchemy='2.1')"      # one of them
+    nox -s tests                          # SQLAlchemy 2.1 on nox's Python (3.11+)
+    nox -s compat                         # Python 3.12 + SQLAlchemy 2.0, 3.13 + 2.1
     nox -s tests -- -k demo -x            # arguments after -- go to pytest
     nox -s lint typecheck                 # ruff, lint-imports, mypy --strict
     nox -s docs                           # mkdocs build --strict into site/
@@ -24,7 +27,7 @@ import nox
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.error_on_missing_interpreters = True
 
-PYTHON = "3.11"
+PYTHON = "3.11"  # the tools' sessions (lint, typecheck, docs, bench)
 ROOT = Path(__file__).parent
 #: What ruff checks; a folder a clone lacks (git keeps no empty folder) is left out.
 LINT_PATHS = [
@@ -40,15 +43,31 @@ def _passthrough_env() -> dict[str, str]:
     return {name: os.environ[name] for name in PASSTHROUGH_ENV if os.environ.get(name)}
 
 
-@nox.session(python=PYTHON)
-@nox.parametrize("sqlalchemy", ["2.0", "2.1"])
-def tests(session: nox.Session, sqlalchemy: str) -> None:
-    """Run pytest (tests/ and the doctests of sa_outbox) on one SQLAlchemy minor version."""
+def _run_tests(session: nox.Session, sqlalchemy: str) -> None:
     session.install(".[test]")
     session.install(f"sqlalchemy[asyncio]~={sqlalchemy}.0")
-    session.run("python", "-c", "import sqlalchemy; print('SQLAlchemy', sqlalchemy.__version__)")
+    session.run(
+        "python",
+        "-c",
+        "import sys, sqlalchemy; print('Python', sys.version.split()[0], "
+        "'SQLAlchemy', sqlalchemy.__version__)",
+    )
     # pyproject.toml's [tool.pytest.ini_options] collects tests/ and sa_outbox's doctests.
     session.run("pytest", *session.posargs, env=_passthrough_env())
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run pytest (tests/ and the doctests of sa_outbox) with SQLAlchemy 2.1, on the Python
+    that runs nox."""
+    _run_tests(session, "2.1")
+
+
+@nox.session(default=False)
+@nox.parametrize(("python", "sqlalchemy"), [("3.12", "2.0"), ("3.13", "2.1")])
+def compat(session: nox.Session, sqlalchemy: str) -> None:
+    """The suite on the other supported Pythons, SQLAlchemy 2.0 on one of them."""
+    _run_tests(session, sqlalchemy)
 
 
 @nox.session(python=PYTHON)

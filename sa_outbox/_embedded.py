@@ -148,6 +148,11 @@ def _pgserver() -> Any:
         try:
             return importlib.import_module("pgserver")
         except ImportError as exc:
+            if sys.version_info >= (3, 13):
+                raise SaOutboxError(
+                    "no database URL was given and the embedded PostgreSQL (pgserver) has no "
+                    f"build for Python {sys.version_info[0]}.{sys.version_info[1]}: pass a URL"
+                ) from exc
             raise SaOutboxError(
                 "no database URL was given and the embedded PostgreSQL is not installed: "
                 'pass a URL, or install it with pip install "sa-outbox[embedded]"'

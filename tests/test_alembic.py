@@ -379,11 +379,11 @@ def test_the_readme_env_py_takes_the_url_from_database_url(
     pg: Engine,
     schemas: Schemas,
 ) -> None:
-    """README.md's env.py lines, as written: no sqlalchemy.url in alembic.ini (the
+    """docs/tour.md's env.py lines, as written: no sqlalchemy.url in alembic.ini (the
     template's placeholder stays), the database from ``DATABASE_URL`` alone."""
-    readme = (ROOT / "README.md").read_text()
-    found = re.search(r"<!-- snippet: readme-env -->\n```\w*\n(.*?)```", readme, re.S)
-    assert found, "README.md has no snippet 'readme-env'"
+    tour = (ROOT / "docs" / "tour.md").read_text()
+    found = re.search(r"<!-- snippet: readme-env -->\n```\w*\n(.*?)```", tour, re.S)
+    assert found, "docs/tour.md has no snippet 'readme-env'"
     setup = found.group(1)
     assert snippet("env-url").strip() in setup  # docs/alembic.md shows the same line
     module = f"models_{uuid.uuid4().hex[:12]}"

@@ -102,8 +102,8 @@ class OutboxEvent(OutboxMixin, Base):
 
 
 def snippet(name: str) -> str:
-    found = [b for b in blocks(ROOT / "README.md") if b.snippet == name]
-    assert len(found) == 1, f"README.md has no snippet {name!r}"
+    found = [b for b in blocks(ROOT / "docs" / "tour.md") if b.snippet == name]
+    assert len(found) == 1, f"docs/tour.md has no snippet {name!r}"
     return found[0].code
 
 

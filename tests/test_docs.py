@@ -49,6 +49,7 @@ DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 #: Pages whose code must not silently stop running (a typo in a fence would do that).
 MUST_RUN = {
     "README.md",
+    "docs/tour.md",
     "docs/getting-started.md",
     "docs/retention.md",
     "docs/inbox.md",
@@ -175,10 +176,11 @@ def test_docs_code_runs(path: Path, docs_database: str, monkeypatch: pytest.Monk
 def test_the_readme_runs_again_on_the_same_database(
     docs_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A reader runs the README's code twice: the tables, jobs and events of the first run
-    are still there, and the second run must not trip over them."""
-    run_page(ROOT / "README.md", monkeypatch)
-    run_page(ROOT / "README.md", monkeypatch)
+    """A reader runs the README's code, then the tour's, twice: the tables, jobs and events
+    of the first run are still there, and the second run must not trip over them."""
+    for _ in range(2):
+        run_page(ROOT / "README.md", monkeypatch)
+        run_page(ROOT / "docs" / "tour.md", monkeypatch)
 
 
 def test_alembic_md_lists_the_indexes_the_operations_create() -> None:
@@ -204,8 +206,9 @@ def test_alembic_md_lists_the_indexes_the_operations_create() -> None:
 
 
 def test_the_decision_guide_shows_the_readmes_benchmark_table() -> None:
-    """docs/decision-guide.md repeats the README's measured table; they must not drift."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    """docs/decision-guide.md repeats docs/benchmarks.md's measured table; they must not
+    drift."""
+    readme = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(readme) if line.startswith("| workload |"))
     end = next(i for i in range(start, len(readme)) if not readme[i].startswith("|"))
     guide = (ROOT / "docs" / "decision-guide.md").read_text(encoding="utf-8")

@@ -179,11 +179,11 @@ def test_every_command_prints_what_the_page_shows(shop: tuple[str, Path]) -> Non
 
 
 def readme_commands() -> list[str]:
-    """The ``sh`` lines of the README's "See and steer the queue" section."""
-    readme = ROOT / "README.md"
+    """The ``sh`` lines of docs/tour.md's "See and steer the queue" section."""
+    readme = ROOT / "docs" / "tour.md"
     text_ = readme.read_text(encoding="utf-8")
     start = text_.index("## See and steer the queue")
-    end = text_.index("\n## ", start + 1)
+    end = text_.find("\n## ", start + 1) % (len(text_) + 1)
     lines = text_[start:end].splitlines()
     section_start = text_[:start].count("\n") + 1
     commands = []
