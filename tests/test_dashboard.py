@@ -353,6 +353,28 @@ def test_a_post_without_the_csrf_token_is_refused(engine: Engine, client: Any) -
     assert jobs_by_status(engine)["failed"] == 2
 
 
+@pytest.mark.parametrize(
+    "forged", ["é-forged", "токен", "\u2603" * 43], ids=["latin", "cyrillic", "snowmen"]
+)
+def test_a_csrf_token_that_is_not_ascii_is_refused_not_an_error(
+    engine: Engine, client: Any, forged: str
+) -> None:
+    """A form token in any script is compared, not crashed on: 403, and nothing retried."""
+    scene = make_scene(engine)
+    before = jobs_by_status(engine)
+    token(client)  # the browser has its CSRF cookie
+    for path in (f"/jobs/{scene.failed[0]}/retry", "/jobs/retry-failed"):
+        response = client.post(path, data={"csrf_token": forged})
+        assert response.status_code == 403, path
+        assert "CSRF token is missing or wrong" in response.get_data(as_text=True)
+    other = client_of(create_app(engine, jobs=Job, outbox=OutboxEvent, token=SECRET))
+    other.set_cookie(CSRF_COOKIE, forged)  # a cookie in another script, and a form to match
+    response = other.post("/jobs/retry-failed", data={"csrf_token": "ascii-token"})
+    assert response.status_code == 403
+    assert jobs_by_status(engine) == before
+    assert before["failed"] == 2
+
+
 def test_read_only_mode_shows_no_buttons_and_refuses_posts(engine: Engine) -> None:
     scene = make_scene(engine)
     client = client_of(
