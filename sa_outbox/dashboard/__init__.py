@@ -21,6 +21,7 @@ Examples:
 from ._app import create_app
 from ._auth import TOKEN_COOKIE, TokenGate, allow_anyone
 from ._blueprint import CSRF_COOKIE, dashboard_blueprint
+from ._serving import make_server
 
 __all__ = [
     "CSRF_COOKIE",
@@ -29,4 +30,5 @@ __all__ = [
     "allow_anyone",
     "create_app",
     "dashboard_blueprint",
+    "make_server",
 ]
