@@ -5,7 +5,7 @@ The API reference is a page per public package under docs/reference/, each made 
 module, or a name added to an ``__all__``, that no directive covers fails here, not silently
 on the site. ``nox -s docs`` builds the site itself (``mkdocs build --strict``); the tests
 that read the built reference build it here too, when mkdocs is installed (the ``docs``
-extra): no heading comes from an example.
+extra): no heading comes from an example, no page opens with notes for contributors.
 """
 
 from __future__ import annotations
@@ -196,3 +196,14 @@ def test_no_heading_of_the_reference_comes_from_a_comment_in_an_example(site: Pa
         assert not from_comments, f"{path.parent.name}: headings {from_comments}"
         shown_as_code.update(c for c in comments if any(f"# {c}" in code for code in page.code))
     assert "-> True" in shown_as_code and "-> 0" in shown_as_code
+
+
+def test_the_reference_pages_hold_no_notes_for_contributors(site: Path) -> None:
+    """Layers, what a package may import and its private modules are for whoever changes
+    sa-outbox: docs/architecture.md has them, not the reference a user reads."""
+    for path in sorted((site / "reference").glob("*/index.html")):
+        text = re.sub(r"<[^>]+>", " ", path.read_text(encoding="utf-8"))
+        assert "May import" not in text, path.parent.name
+        assert not re.search(r"\bLayer \d", text), path.parent.name
+    architecture = (site / "architecture" / "index.html").read_text(encoding="utf-8")
+    assert "may import" in architecture

@@ -1,8 +1,4 @@
-"""Layer 5, integrations: a small server-rendered web dashboard for the job queue and the
-outbox (Flask).
-
-May import: ``sa_outbox.queue`` (`queue_status`, the listings, the retries by hand),
-``sa_outbox.statements`` and everything below; not the CLI, which imports it.
+"""A small server-rendered web dashboard for the job queue and the outbox (Flask).
 
 Needs the ``dashboard`` extra (``pip install "sa-outbox[dashboard]"``); the rest of the
 library imports without Flask. Mount `dashboard_blueprint` in a Flask app of your own, or
