@@ -1,11 +1,9 @@
 """sa-outbox: a job queue and a transactional outbox in your own PostgreSQL, through SQLAlchemy.
 
-Layers (imports point down; docs/architecture.md draws them): `sa_outbox.schema` (models)
-→ `sa_outbox.statements` (the query builder, no I/O) → `sa_outbox.queue` (`JobQueue`,
-`Outbox`: thin executors) → `sa_outbox.events` (the unit of work) and
-`sa_outbox.maintenance` → `sa_outbox.worker` and `sa_outbox.relay` → `sa_outbox.publishers`
-(and, beside them, `sa_outbox.consumers`)
-→ `sa_outbox.cli`. This module only re-exports the public names.
+Every public name of the packages below is importable from here too: the models' mixins
+(`sa_outbox.schema`), the statements (`sa_outbox.statements`), `JobQueue` and `Outbox`
+(`sa_outbox.queue`), the unit of work (`sa_outbox.events`), the worker, the relay and
+upkeep (`sa_outbox.worker`, `sa_outbox.relay`, `sa_outbox.maintenance`).
 
 Examples:
     >>> from sqlalchemy.orm import DeclarativeBase

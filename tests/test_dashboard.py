@@ -143,9 +143,9 @@ def test_the_overview_lists_running_jobs_and_their_leases(engine: Engine, client
     assert expired.startswith(' expired"') and not live.startswith(' expired"')
     assert f'<a href="/jobs/{scene.expired}">' in expired and "<td>w-dead</td>" in expired
     assert "<td>images</td><td>resize</td>" in expired and "<td>1/8</td>" in expired
-    assert re.search(r'<td class="lease-left">expired \d+:\d\d ago</td>', expired)
+    assert re.search(r'<td class="lease-left">expired 1m0\ds ago</td>', expired)
     assert "<td>w-live</td>" in live
-    assert re.search(r'<td class="lease-left">\d+:\d\d</td>', live)  # about 10 minutes left
+    assert re.search(r'<td class="lease-left">9m5\ds</td>', live)  # about 10 minutes left
     assert jobs_by_status(engine)["running"] == 2
 
 
@@ -160,6 +160,76 @@ def test_the_running_list_is_limited_and_says_so(engine: Engine, client: Any) ->
     assert len(running_rows(html)) == RUNNING_SHOWN
     assert f"The {RUNNING_SHOWN} of {extra} whose lease ends first." in html
     assert jobs_by_status(engine) == {"running": extra}
+
+
+#: What the dashboard must never print: a time or duration with microseconds
+#: (``2026-12-05 07:57:50.346906+00:00``, ``0:04:24.903643``), a duration as ``H:MM:SS``
+#: (``0:04:24``, ``1 day, 2:03:04``), Python's time with its offset, a size in bytes. A time
+#: after its date (``2026-12-05 07:57:50``) and an ISO ``datetime=`` attribute are fine.
+_RAW_UNITS = re.compile(
+    r":\d\d\.\d{3,}|\d+ bytes|(?<!\d-\d\d )(?<![\d:T])\d{1,2}:\d\d:\d\d"
+    r"|(?<![\dT])\d\d:\d\d:\d\d[+-]\d\d:\d\d"
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0:04:24.903643",
+        "2026-12-05 07:57:50.346906+00:00",
+        "147456 bytes",
+        "0:04:24",
+        "1 day, 2:03:04",
+        "2026-12-05 07:57:50+00:00",
+    ],
+)
+def test_the_raw_units_pattern_catches_what_python_prints(text: str) -> None:
+    assert _RAW_UNITS.search(text)
+    for shown in ("2026-12-05 07:57:50", 'datetime="2026-12-05T07:57:50+00:00"', "4m16s"):
+        assert not _RAW_UNITS.search(shown)
+
+
+def test_every_page_shows_times_to_the_second_and_short_durations(
+    engine: Engine, client: Any
+) -> None:
+    """Every page with data, as the browser gets it: times in UTC to the second, durations
+    as ``4m16s``, relative times as ``3m10s ago``; never a microsecond or an ``H:MM:SS``."""
+    scene = make_scene(engine)
+    with engine.begin() as conn:  # a job waiting for minutes, so the oldest ready age shows
+        conn.execute(
+            text(
+                f"UPDATE {TEST_SCHEMA}.jobs SET run_at = now() - interval '4 minutes 24.903643 "
+                "seconds', created_at = now() - interval '5 minutes' WHERE id = :id"
+            ),
+            {"id": scene.pending[0]},
+        )
+    pages = {
+        "/": "oldest ready job",
+        "/jobs": "ago</time>",
+        "/jobs?status=failed": "SMTPError",
+        f"/jobs/{scene.failed[0]}": "SMTPError",
+        f"/jobs/{scene.pending[0]}": "ago)",
+        f"/jobs/{scene.expired}": "w-dead",
+        f"/outbox/{scene.parked}": "broker said no",
+    }
+    for path, sign in pages.items():
+        response = client.get(path)
+        assert response.status_code == 200, path
+        html = response.get_data(as_text=True)
+        assert sign in html, path
+        assert not _RAW_UNITS.findall(html), (path, _RAW_UNITS.findall(html))
+        assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\b", html), path  # a time, whole
+    overview = client.get("/").get_data(as_text=True)
+    assert '<td id="oldest-ready">4m2' in overview  # 4m24s, or a second or two more
+    assert "failed in the last 1h</th>" in overview
+    assert re.search(r'<td id="oldest-backlog">\d+(\.\d+)?s</td>', overview)
+    assert re.search(r'<time id="taken-at" datetime="[^"]+\+00:00">[\d -:]+</time>', overview)
+    listing = client.get("/jobs").get_data(as_text=True)
+    assert re.search(r">\d+(\.\d+)?s ago</time>", listing)  # updated seconds ago
+    pending = client.get(f"/jobs/{scene.pending[0]}").get_data(as_text=True)
+    assert re.search(r'<td id="col-run_at">[\d -:]+ \(4m2\ds ago\)</td>', pending)
+    assert re.search(r'<td id="col-created_at">[\d -:]+ \(5m0\ds ago\)</td>', pending)
+    assert jobs_by_status(engine) == {"pending": 2, "failed": 2, "running": 2, "succeeded": 1}
 
 
 def test_the_minutes_and_leases_behind_the_overview_follow_the_given_clock(
@@ -351,6 +421,28 @@ def test_a_post_without_the_csrf_token_is_refused(engine: Engine, client: Any) -
     other = client_of(create_app(engine, jobs=Job, outbox=OutboxEvent, token=SECRET))  # no cookie
     assert other.post(f"/jobs/{failed}/retry", data={"csrf_token": csrf}).status_code == 403
     assert jobs_by_status(engine)["failed"] == 2
+
+
+@pytest.mark.parametrize(
+    "forged", ["é-forged", "токен", "\u2603" * 43], ids=["latin", "cyrillic", "snowmen"]
+)
+def test_a_csrf_token_that_is_not_ascii_is_refused_not_an_error(
+    engine: Engine, client: Any, forged: str
+) -> None:
+    """A form token in any script is compared, not crashed on: 403, and nothing retried."""
+    scene = make_scene(engine)
+    before = jobs_by_status(engine)
+    token(client)  # the browser has its CSRF cookie
+    for path in (f"/jobs/{scene.failed[0]}/retry", "/jobs/retry-failed"):
+        response = client.post(path, data={"csrf_token": forged})
+        assert response.status_code == 403, path
+        assert "CSRF token is missing or wrong" in response.get_data(as_text=True)
+    other = client_of(create_app(engine, jobs=Job, outbox=OutboxEvent, token=SECRET))
+    other.set_cookie(CSRF_COOKIE, forged)  # a cookie in another script, and a form to match
+    response = other.post("/jobs/retry-failed", data={"csrf_token": "ascii-token"})
+    assert response.status_code == 403
+    assert jobs_by_status(engine) == before
+    assert before["failed"] == 2
 
 
 def test_read_only_mode_shows_no_buttons_and_refuses_posts(engine: Engine) -> None:

@@ -126,6 +126,55 @@ def test_bad_input_is_refused_before_anything_is_written(app: Any) -> None:
     assert rows(app, "SELECT count(*) FROM outbox") == [(0,)]
 
 
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b'{"reference": "A-1", "email": ', "the body is not valid JSON"),
+        (b"\xff\xfe not UTF-8", "the body is not valid JSON"),
+        (b"", "the body is not valid JSON"),
+        (b'["A-1", "ana@example.com", 1200]', "the body must be a JSON object, got an array"),
+        (b"null", "the body must be a JSON object, got null"),
+        (b'"A-1"', "the body must be a JSON object, got a string"),
+        (
+            b'{"reference": "A-1", "email": "ana@example.com", "total_cents": 99999999999}',
+            "total_cents must be a whole number from 1 to 2147483647",
+        ),
+        (
+            b'{"reference": "A-1", "email": "ana@example.com", "total_cents": 12.5}',
+            "total_cents must be a whole number from 1 to 2147483647",
+        ),
+        (
+            b'{"reference": "A\\u0000", "email": "ana@example.com", "total_cents": 1}',
+            "reference and email must not contain NUL characters",
+        ),
+    ],
+    ids=[
+        "truncated",
+        "not-utf8",
+        "empty",
+        "a-list",
+        "null",
+        "a-string",
+        "too-large",
+        "fraction",
+        "nul",
+    ],
+)
+def test_a_body_that_is_not_an_order_is_a_400_with_one_line(
+    app: Any, body: bytes, error: str
+) -> None:
+    """Malformed JSON, JSON that is not an object, a total PostgreSQL cannot hold: a 400
+    that says why in one line, never a 500, and nothing written."""
+    client = app.test_client()
+    response = client.post("/orders", data=body, content_type="application/json")
+    assert response.status_code == 400, response.get_data(as_text=True)
+    assert response.json == {"errors": [error]}
+    assert "\n" not in error
+    assert client.get("/status.json").json["orders"] == 0
+    assert rows(app, "SELECT count(*) FROM outbox") == [(0,)]
+    assert rows(app, "SELECT count(*) FROM jobs") == [(0,)]
+
+
 def test_the_form_and_the_status_page(app: Any) -> None:
     client = app.test_client()
     form = {"reference": "C-3", "email": "cid@example.com", "total_cents": "990"}

@@ -7,6 +7,7 @@ from typing import Any
 from flask import Blueprint, redirect, render_template_string, request, url_for
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
+from werkzeug.exceptions import BadRequest
 
 import sa_outbox
 
@@ -15,28 +16,58 @@ from .models import Job, Order, OrderPlaced, OutboxEvent, SentEmail, db
 bp = Blueprint("shop", __name__)
 
 
+#: The largest total an order may have: ``orders.total_cents`` is a PostgreSQL integer.
+MAX_TOTAL_CENTS = 2**31 - 1
+
+
 def _order_form(data: Any) -> tuple[dict[str, Any], list[str]]:
     errors = []
     reference = str(data.get("reference") or "").strip()
     email = str(data.get("email") or "").strip()
+    raw_total = data.get("total_cents")
     try:
-        total_cents = int(data.get("total_cents"))
-    except (TypeError, ValueError):
+        if isinstance(raw_total, bool) or (
+            isinstance(raw_total, float) and not raw_total.is_integer()
+        ):
+            raise ValueError(raw_total)
+        total_cents = int(raw_total)
+    except (TypeError, ValueError, OverflowError):
         total_cents = 0
     if not reference:
         errors.append("reference is required")
     if "@" not in email:
         errors.append("email must be an email address")
-    if total_cents <= 0:
-        errors.append("total_cents must be a positive whole number")
+    if "\x00" in reference + email:
+        errors.append("reference and email must not contain NUL characters")
+    if not 0 < total_cents <= MAX_TOTAL_CENTS:
+        errors.append(f"total_cents must be a whole number from 1 to {MAX_TOTAL_CENTS}")
     return {"reference": reference, "email": email, "total_cents": total_cents}, errors
+
+
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number"}
+_JSON_TYPES |= {bool: "true or false", type(None): "null"}
+
+
+def _json_object() -> tuple[Any, str | None]:
+    """The request's JSON body, or why it is refused: not JSON, or not an object."""
+    try:
+        body = request.get_json()
+    except BadRequest:  # malformed JSON, or not UTF-8
+        return None, "the body is not valid JSON"
+    if not isinstance(body, dict):
+        return None, f"the body must be a JSON object, got {_JSON_TYPES[type(body)]}"
+    return body, None
 
 
 @bp.post("/orders")
 def place_order() -> Any:
     """Write the order, its ``OrderPlaced`` event and its confirmation job, together."""
     wants_json = request.is_json
-    fields, errors = _order_form(request.get_json(silent=True) if wants_json else request.form)
+    if wants_json:
+        body, refused = _json_object()
+        if refused is not None:
+            return {"errors": [refused]}, 400
+    fields, errors = _order_form(body if wants_json else request.form)
     if errors:
         return {"errors": errors}, 400
     try:

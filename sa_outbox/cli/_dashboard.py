@@ -60,9 +60,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     try:
         # Imported here, not at the top: Flask is an optional extra and the other commands
         # must run without it.
-        from werkzeug.serving import make_server
-
-        from ..dashboard import create_app
+        from ..dashboard import create_app, make_server
     except ImportError as exc:
         raise CommandError(
             f'the dashboard needs Flask ({exc}): pip install "sa-outbox[dashboard]"'
@@ -79,7 +77,7 @@ def _dashboard(args: argparse.Namespace) -> int:
             )
         except InvalidArgument as exc:
             raise CommandError(f"--token: {exc}") from None
-        server = make_server(args.host, args.port, app, threaded=True)
+        server = make_server(args.host, args.port, app, token=token)  # the log hides it
         try:
             # Printed once the port is bound: a script may wait for this line.
             url = f"http://{args.host}:{server.server_port}/"

@@ -1,9 +1,8 @@
-"""Layer 5, integrations: the consumer's side of each publisher's message format.
+"""The consumer's side of each publisher's message format.
 
-May import: the foundation modules (``sa_outbox._wire``, the format both ends share, and
-the exceptions); it needs nothing above them, and imports no broker client: each helper
-reads the client's received object by its attributes. The inbox these helpers feed is
-`sa_outbox.Inbox` (layer 3), which the consumer calls itself.
+It imports no broker client: each helper reads the client's received object by its
+attributes. The inbox these helpers feed is `sa_outbox.Inbox`, which the consumer calls
+itself.
 
 =====================  ==================================================================
 helper                 takes

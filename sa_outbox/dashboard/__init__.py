@@ -1,8 +1,4 @@
-"""Layer 5, integrations: a small server-rendered web dashboard for the job queue and the
-outbox (Flask).
-
-May import: ``sa_outbox.queue`` (`queue_status`, the listings, the retries by hand),
-``sa_outbox.statements`` and everything below; not the CLI, which imports it.
+"""A small server-rendered web dashboard for the job queue and the outbox (Flask).
 
 Needs the ``dashboard`` extra (``pip install "sa-outbox[dashboard]"``); the rest of the
 library imports without Flask. Mount `dashboard_blueprint` in a Flask app of your own, or
@@ -21,6 +17,7 @@ Examples:
 from ._app import create_app
 from ._auth import TOKEN_COOKIE, TokenGate, allow_anyone
 from ._blueprint import CSRF_COOKIE, dashboard_blueprint
+from ._serving import make_server
 
 __all__ = [
     "CSRF_COOKIE",
@@ -29,4 +26,5 @@ __all__ = [
     "allow_anyone",
     "create_app",
     "dashboard_blueprint",
+    "make_server",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from flask import Blueprint, Response, make_response, redirect, render_template, request, url_for
 from sqlalchemy import Connection, Engine
@@ -28,6 +28,7 @@ from ..queue import (
 from ..schema import JobStatus
 from ._chart import throughput_chart
 from ._csrf import CSRF_COOKIE, CSRF_FIELD, csrf_ok, token_of
+from ._units import register as register_units
 
 __all__ = ["CSRF_COOKIE", "dashboard_blueprint"]
 
@@ -46,30 +47,17 @@ def _page(message: str, code: int) -> Response:
     return response
 
 
+def _now(conn: Connection) -> dt.datetime:
+    """The database's time, which the pages' "… ago" count from (as the overview's do)."""
+    now: Any = conn.execute(st.select_now()).scalar_one()
+    return cast(dt.datetime, now)
+
+
 def _uuid(value: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(value)
     except ValueError:
         return None
-
-
-def lease_text(left: dt.timedelta | None) -> str:
-    """A lease's time left as the overview shows it: ``m:ss`` (``h:mm:ss`` from an hour), or
-    how long ago it expired.
-
-    Examples:
-        >>> lease_text(dt.timedelta(seconds=299.6)), lease_text(dt.timedelta(hours=2))
-        ('4:59', '2:00:00')
-        >>> lease_text(dt.timedelta(seconds=-61)), lease_text(None)
-        ('expired 1:01 ago', '')
-    """
-    if left is None:
-        return ""
-    seconds = int(left.total_seconds())
-    hours, rest = divmod(abs(seconds), 3600)
-    minutes, secs = divmod(rest, 60)
-    shown = f"{hours}:{minutes:02}:{secs:02}" if hours else f"{minutes}:{secs:02}"
-    return f"expired {shown} ago" if left < dt.timedelta(0) else shown
 
 
 def dashboard_blueprint(
@@ -114,6 +102,7 @@ def dashboard_blueprint(
     if not callable(authorize):
         raise InvalidArgumentType(f"authorize must be a callable, got {authorize!r}")
     bp = Blueprint(name, __name__, template_folder="templates")
+    register_units(bp)  # the templates' sa_outbox_age, sa_outbox_moment, … filters
     get_engine: Callable[[], Engine] = engine if callable(engine) else (lambda: engine)
 
     @bp.before_request
@@ -164,8 +153,8 @@ def dashboard_blueprint(
             status=status,
             chart=throughput_chart(minutes),
             running=running,
-            lease_text=lease_text,
             parked=parked,
+            now=status.taken_at,
         )
 
     @bp.get("/jobs")
@@ -183,6 +172,7 @@ def dashboard_blueprint(
             jobs, statuses=status, kinds=kind, queues=queue, limit=PAGE_SIZE + 1
         ).offset((page - 1) * PAGE_SIZE)
         with get_engine().connect() as conn:
+            now = _now(conn)
             found = [
                 JobRow(**{**row._asdict(), "status": str(row.status)}) for row in conn.execute(stmt)
             ]
@@ -196,6 +186,7 @@ def dashboard_blueprint(
             filters=filters,
             statuses=_STATUSES,
             skipped=int(skipped) if skipped.isascii() and skipped.isdigit() else 0,
+            now=now,
         )
 
     @bp.get("/jobs/<job_id>")
@@ -204,10 +195,11 @@ def dashboard_blueprint(
         found = None
         if wanted is not None:
             with get_engine().connect() as conn:
+                now = _now(conn)
                 found = get_job(conn, jobs, wanted)
         if found is None:
             return _page(f"no job {job_id}", 404)
-        return render("job.html", job=found)
+        return render("job.html", job=found, now=now)
 
     def retry_one(
         raw_id: str,
@@ -272,10 +264,11 @@ def dashboard_blueprint(
         found = None
         if wanted is not None and outbox is not None:
             with get_engine().connect() as conn:
+                now = _now(conn)
                 found = get_event(conn, outbox, wanted)
         if found is None:
             return _page(f"no outbox event {event_id}", 404)
-        return render("event.html", event=found)
+        return render("event.html", event=found, now=now)
 
     @bp.post("/outbox/<event_id>/retry")
     def retry_event(event_id: str) -> BaseResponse:

@@ -41,13 +41,27 @@ def token_of(request: Request) -> tuple[str, bool]:
 def csrf_ok(request: Request) -> bool:
     """Whether a POST carries in its form the token of its cookie.
 
+    Any text is compared, not only ASCII: a forged token in another script is a refusal,
+    never an error (the two are compared as UTF-8 bytes, in constant time).
+
     Examples:
         >>> from flask import Flask
         >>> with Flask("t").test_request_context(method="POST", data={"csrf_token": "x"}):
         ...     from flask import request
         ...     csrf_ok(request)
         False
+        >>> with Flask("t").test_request_context(
+        ...     method="POST", data={"csrf_token": "é"}, headers={"Cookie": "sa_outbox_csrf=abc"}
+        ... ):
+        ...     csrf_ok(request)
+        False
     """
     cookie = request.cookies.get(CSRF_COOKIE, "")
     given = request.form.get(CSRF_FIELD, "")
-    return bool(cookie) and hmac.compare_digest(cookie, given)
+    return bool(cookie) and hmac.compare_digest(_utf8(cookie), _utf8(given))
+
+
+def _utf8(text: str) -> bytes:
+    # hmac.compare_digest refuses str with non-ASCII characters (TypeError); bytes it takes.
+    # surrogatepass keeps distinct strings distinct, whatever a client sent.
+    return text.encode("utf-8", "surrogatepass")

@@ -1,12 +1,7 @@
-"""Layer 4, the unit of work: domain events and jobs written in the user's own session.
+"""The unit of work: domain events and jobs written in the user's own session.
 
-May import: ``sa_outbox.queue``, ``sa_outbox.statements``, ``sa_outbox.schema`` and the
-foundation modules. The runtimes and integrations sit above it.
-
-- ``_rows``: a domain event as an outbox row at flush (`event_row`) and back
-  (`decode_event`); the event classes themselves are declared in the schema layer
-  (``sa_outbox.schema._event_types``), since declaring one is part of declaring the model;
-- ``_session_hooks``: `install` (the flush hook for every session flavour) and `enqueue`.
+`install` sets the flush hook (for every session flavour) that turns domain events into
+outbox rows (`event_row`, and back: `decode_event`); `enqueue` adds a job in the session.
 
 Examples:
     >>> import sa_outbox

@@ -1,13 +1,11 @@
-"""Layer 4, maintenance: keep the tables small and healthy while the queue runs.
+"""Keep the tables small and healthy while the queue runs.
 
-May import: ``sa_outbox.queue``, ``sa_outbox.statements``, ``sa_outbox.schema`` and the
-foundation modules. The worker and the relay run these on a schedule; the CLI runs them by
-hand; none of them is imported from here.
+The worker and the relay run these on a schedule; ``sa-outbox`` runs them by hand.
 
-- ``_retention``: `Pruner` / `AsyncPruner`, batched deletes of finished rows;
-- ``_vacuum``: `Vacuumer` / `AsyncVacuumer`, VACUUM past a dead-tuple threshold;
-- ``_partitions``: `maintain_partitions`, partitions created ahead and dropped whole;
-- ``_health``: `table_health`, what a table's size, dead tuples and xmin holders say.
+- `Pruner` / `AsyncPruner`, batched deletes of finished rows;
+- `Vacuumer` / `AsyncVacuumer`, VACUUM past a dead-tuple threshold;
+- `maintain_partitions`, partitions created ahead and dropped whole;
+- `table_health`, what a table's size, dead tuples and xmin holders say.
 
 Examples:
     >>> Retention(succeeded=7 * 86400, failed=None).succeeded

@@ -1,7 +1,6 @@
-"""Layer 5, integrations: Prometheus metrics and structured (JSON) logs.
+"""Prometheus metrics and structured (JSON) logs.
 
-May import the runtimes (``sa_outbox.worker``, ``sa_outbox.relay``) and everything below;
-``prometheus_client`` is imported here only (``pip install "sa-outbox[prometheus]"``). The
+``prometheus_client`` is needed only here (``pip install "sa-outbox[prometheus]"``). The
 package imports without it; `PrometheusMetrics`, `PrometheusRelayMetrics`,
 `QueueStatusCollector` and `serve_metrics` then raise `MetricsUnavailable`. docs/metrics.md
 lists every metric and log field.

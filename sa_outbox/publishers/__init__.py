@@ -1,7 +1,4 @@
-"""Layer 5, integrations: publishers for the outbox relay, one module per target.
-
-May import: ``sa_outbox.relay`` (the `Publisher` protocol and its errors) and everything
-below it; not the CLI.
+"""Publishers for the outbox relay, one module per target.
 
 =====================================  ===============================  =========================
 module                                 class                            extra

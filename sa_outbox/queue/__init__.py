@@ -1,18 +1,15 @@
-"""Layer 3, executors: run the statement builder's statements and return typed results.
+"""Run the statement builder's statements and return typed results.
 
-May import: ``sa_outbox.statements``, ``sa_outbox.schema`` and the foundation modules. Not
-the runtimes (worker, relay, maintenance) nor the integrations, which build on this layer.
+Each runs on what you have: a Connection, Session or Engine, or their asyncio twins
+(`SyncConn` / `AsyncConn`).
 
-- ``_executors``: each operation written once, as a generator of statements, driven by a
-  sync or an asyncio runner (`SyncConn` / `AsyncConn`: a Connection, Session, Engine or
-  their asyncio twins);
-- ``_job_queue``: `JobQueue` / `AsyncJobQueue`; ``_outbox``: `Outbox` / `AsyncOutbox`;
-- ``_control``: `QueueControl` / `AsyncQueueControl`, pausing and resuming queues;
-- ``_inbox``: `Inbox` / `AsyncInbox`, a consumer's de-duplication in its own transaction;
-- ``_copy``: bulk enqueue through ``COPY``; ``_results``: the typed result records;
-- ``_inspect``: `queue_status`, listings of jobs (running ones with their leases) and
-  events, `queue_depths`, `throughput_by_minute`, and the retries by hand
-  (`retry_failed`, `retry_parked`) the CLI and a dashboard share.
+- `JobQueue` / `AsyncJobQueue` (bulk enqueue through ``COPY`` included); `Outbox` /
+  `AsyncOutbox`;
+- `QueueControl` / `AsyncQueueControl`, pausing and resuming queues;
+- `Inbox` / `AsyncInbox`, a consumer's de-duplication in its own transaction;
+- `queue_status`, listings of jobs (running ones with their leases) and events,
+  `queue_depths`, `throughput_by_minute`, and the retries by hand (`retry_failed`,
+  `retry_parked`) the CLI and the dashboard share.
 
 Examples:
     >>> from sqlalchemy.orm import DeclarativeBase

@@ -1,8 +1,4 @@
-"""Layer 4, runtimes: the outbox relay — claim → publish → mark, in each aggregate's order.
-
-May import: ``sa_outbox.maintenance``, ``sa_outbox.queue``, ``sa_outbox.statements``,
-``sa_outbox.schema`` and the foundation modules; not the worker (its sibling), nor the
-publishers, which build on `Publisher` defined here.
+"""The outbox relay: claim → publish → mark, in each aggregate's order.
 
 `Relay` runs on a synchronous ``Engine``, `AsyncRelay` on an ``AsyncEngine``; both publish
 through a `Publisher` (``sa_outbox.publishers``: RabbitMQ, NATS JetStream, Redis Streams,

@@ -1,8 +1,4 @@
-"""Layer 1, schema: the job, outbox and inbox tables, as mixins for the user's declarative base.
-
-May import: the foundation modules at the package root (``sa_outbox._exceptions``,
-``_validation``, ``_clock``, …) and SQLAlchemy. Nothing above it: the statement builder,
-executors and runtimes all import this layer, never the other way round.
+"""The job, outbox and inbox tables, as mixins for the user's declarative base.
 
 The tables follow the article's schema (sections 4 and 5) with two additions: a ``queue``
 column on jobs, and a monotonic ``seq`` column on the outbox, so events added by one
@@ -15,17 +11,10 @@ fields. Table names are the user's (``__tablename__``); a schema is set with
 ``__table_schema__`` or the metadata's own ``schema``. Index names derive from the table
 name: ``{table}_ready_idx``, ``{table}_dedup_idx``, …
 
-What lives here:
-
-- ``_status``: the ``job_status`` enum; ``_columns``: columns and indexes; ``_mixins``: the
-  mixins and `resolve_table`;
-- the DDL that ``create_all`` and the Alembic operations share: ``_notify_trigger``,
-  ``_outbox_triggers``, ``_partition_ddl``, ``_storage``;
-- ``_queue_pause``: `QueuePauseMixin`, the table of paused queues;
-- ``_rate_log``: `RateLimitLogMixin`, the recent claims that rate limits count;
-- `InboxMixin` / `InboxDataclassMixin` (in ``_mixins``): a consumer's table of the messages
-  it handled, keyed by ``(source, message_id)``;
-- ``_event_types``: what makes a subclass of an outbox model a domain event class.
+Beside the jobs and the outbox: `QueuePauseMixin` (the table of paused queues),
+`RateLimitLogMixin` (the recent claims that rate limits count), and `InboxMixin` /
+`InboxDataclassMixin` (a consumer's table of the messages it handled, keyed by
+``(source, message_id)``).
 
 Examples:
     >>> from sqlalchemy.orm import DeclarativeBase

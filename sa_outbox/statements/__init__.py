@@ -1,13 +1,4 @@
-"""Layer 2: the query builder — functions that return SQLAlchemy Core statements.
-
-May import: ``sa_outbox.schema`` and the foundation modules, nothing that does I/O. Split
-by concern: ``_job_enqueue`` (and ``_job_headers``, ``_job_unique``), ``_job_claim``
-(claim, heartbeat, complete), ``_job_settle`` (retry, fail, snooze, release, reclaim,
-requeue, retry by hand, prune), ``_job_cancel``, ``_job_limits`` (concurrency and rate
-limits the claim obeys), ``_job_notify``, ``_queue_pause`` (paused queues); ``_inspect``
-(the read-only queries of status, listings and queues); ``_outbox_append``,
-``_outbox_claim``, ``_outbox_settle``; ``_inbox`` (a consumer's inbox: accept a message
-once, prune); ``_maintenance`` and ``_partitions`` (upkeep).
+"""The query builder: functions that return SQLAlchemy Core statements.
 
 No I/O, no sessions, no globals: each function validates its arguments (raising
 `InvalidArgument` / `InvalidArgumentType` before any SQL exists), and returns a statement

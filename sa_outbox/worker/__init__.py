@@ -1,11 +1,4 @@
-"""Layer 4, runtimes: the worker — `Worker` (threads) and `AsyncWorker` (asyncio).
-
-May import: ``sa_outbox.maintenance``, ``sa_outbox.queue``, ``sa_outbox.statements``,
-``sa_outbox.schema`` and the foundation modules; not the relay (its sibling), the publishers
-or the CLI. Inside: ``_core`` (the sans-I/O state machine), ``_driver`` (what both drivers
-share), ``sync`` / ``aio`` (the drivers), ``_direct`` (the loop's held connection),
-``listen``, ``reclaimer``, ``registry`` (`JobApp`), ``schedule`` (periodic jobs),
-``context`` (`JobContext`).
+"""The worker: `Worker` (threads) and `AsyncWorker` (asyncio).
 
 Register handlers by kind on a `JobApp`, then run a worker on it, from Python or with
 ``sa-outbox worker myapp.tasks:app``. See docs/worker.md.
