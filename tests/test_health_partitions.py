@@ -6,8 +6,8 @@ and lists each partition; `Vacuumer` vacuums the partitions past their threshold
 deep the tree. Each test has a schema of its own with the partitioned models made by
 ``create_all`` (a ``DEFAULT`` partition and one per day around the real ``now()``); dead
 tuples come from deletes, whose statistics the deleting session flushes before another one
-reads them (``pg_stat_force_next_flush``, PostgreSQL 15+; the server runs no autovacuum, so
-nothing else changes them).
+reads them (``pg_stat_force_next_flush``, PostgreSQL 15+), and autovacuum is off on every
+partition, so nothing else changes them.
 """
 
 from __future__ import annotations
@@ -44,12 +44,15 @@ class PJob(JobMixin, Base):
     __tablename__ = "jobs"
     __table_schema__ = SCHEMA
     __partition_interval__ = "day"
+    # Each partition's; where the server runs autovacuum, it must not change the counts.
+    __table_storage__ = {"autovacuum_enabled": False}  # noqa: RUF012
 
 
 class PEvent(OutboxMixin, Base):
     __tablename__ = "outbox"
     __table_schema__ = SCHEMA
     __partition_interval__ = "day"
+    __table_storage__ = {"autovacuum_enabled": False}  # noqa: RUF012
 
 
 @pytest.fixture
@@ -184,10 +187,15 @@ def two_levels(engine: Engine) -> Iterator[Table]:
         conn.execute(
             text(
                 f"CREATE TABLE {schema}.t_1_low PARTITION OF {schema}.t_1"
-                " FOR VALUES FROM (0) TO (100)"
+                " FOR VALUES FROM (0) TO (100) WITH (autovacuum_enabled = off)"
             )
         )
-        conn.execute(text(f"CREATE TABLE {schema}.t_2 PARTITION OF {schema}.t FOR VALUES IN (2)"))
+        conn.execute(
+            text(
+                f"CREATE TABLE {schema}.t_2 PARTITION OF {schema}.t FOR VALUES IN (2)"
+                " WITH (autovacuum_enabled = off)"
+            )
+        )
     yield Table("t", MetaData(), Column("a", Integer), Column("b", Integer), schema=schema)
     with engine.begin() as conn:
         conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
@@ -207,7 +215,12 @@ def test_the_vacuum_reaches_a_sub_partition(engine: Engine, two_levels: Table) -
         }
         stats = conn.execute(table_stats(two_levels)).one()
         leaves = [r.name for r in conn.execute(partition_stats(two_levels))]
-    assert candidates == {"t": 0, "t_1": 0, "t_1_low": 500, "t_2": 20}
+    # The partitioned ones (PostgreSQL 14+ lists them, with no tuples) hold nothing.
+    assert {name: n for name, n in candidates.items() if name in ("t", "t_1")} in (
+        {},
+        {"t": 0, "t_1": 0},
+    )
+    assert {name: n for name, n in candidates.items() if n} == {"t_1_low": 500, "t_2": 20}
     assert stats.dead_tuples == 520 and stats.partitions == 3
     assert leaves == [f"{schema}.t_1_low", f"{schema}.t_2"]  # the tables that hold rows
 
