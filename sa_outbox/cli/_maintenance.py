@@ -207,6 +207,12 @@ def _format_table(health: TableHealth) -> list[str]:
         f"  size {health.total_bytes} bytes (table {health.table_bytes}, "
         f"indexes {health.index_bytes})",
     ]
+    lines += [
+        f"  partition {p.table}: live tuples {p.live_tuples}, dead tuples {p.dead_tuples}, "
+        f"size {p.total_bytes} bytes, last vacuum {when(p.last_vacuum)}, "
+        f"autovacuum {when(p.last_autovacuum)}"
+        for p in health.partitions
+    ]
     if health.rows.keys() >= {"pending"}:
         age = health.oldest_pending_age
         lines.append(f"  oldest ready pending job: {'none' if age is None else age}")

@@ -12,7 +12,7 @@ Examples:
     datetime.timedelta(days=7)
 """
 
-from ._health import HealthReport, TableHealth, XminHolder, table_health
+from ._health import HealthReport, PartitionHealth, TableHealth, XminHolder, table_health
 from ._partitions import PartitionReport, amaintain_partitions, maintain_partitions
 from ._retention import AsyncPruner, Pruner, PruneReport, Retention
 from ._vacuum import AsyncVacuumer, Vacuumer, VacuumPolicy, VacuumReport
@@ -21,6 +21,7 @@ __all__ = [
     "AsyncPruner",
     "AsyncVacuumer",
     "HealthReport",
+    "PartitionHealth",
     "PartitionReport",
     "PruneReport",
     "Pruner",

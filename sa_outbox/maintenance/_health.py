@@ -4,6 +4,7 @@
 tuples and the last (auto)vacuum / (auto)analyze (``pg_stat_user_tables``), table and index
 sizes, the age of the oldest ready pending job, and the sessions holding back the xmin
 horizon (``pg_stat_activity.backend_xmin``), which keep vacuum from removing dead rows.
+A partitioned table's statistics are its partitions': summed, and listed one by one.
 
 Examples:
     with engine.connect() as conn:
@@ -25,7 +26,34 @@ from ..schema import JobStatus, resolve_table
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
-__all__ = ["HealthReport", "TableHealth", "XminHolder", "table_health"]
+__all__ = ["HealthReport", "PartitionHealth", "TableHealth", "XminHolder", "table_health"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionHealth:
+    """One partition's vacuum statistics and sizes (`TableHealth.partitions`).
+
+    ``bound`` is its bound as PostgreSQL prints it (``FOR VALUES FROM (…) TO (…)``,
+    ``DEFAULT``; ``None`` for a child of a table with inheritance). Statistics are ``None``
+    where PostgreSQL has none yet.
+
+    Examples:
+        >>> PartitionHealth("public.jobs_default", "DEFAULT", 0, 12, None, None, None, None,
+        ...                 16384, 8192, 8192).dead_tuples
+        12
+    """
+
+    table: str
+    bound: str | None
+    live_tuples: int | None
+    dead_tuples: int | None
+    last_vacuum: dt.datetime | None
+    last_autovacuum: dt.datetime | None
+    last_analyze: dt.datetime | None
+    last_autoanalyze: dt.datetime | None
+    total_bytes: int
+    table_bytes: int
+    index_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +63,11 @@ class TableHealth:
     ``rows`` maps each job status (jobs) or ``published`` / ``unpublished`` / ``parked``
     (outbox) to a count. Statistics are ``None`` where PostgreSQL has none yet.
     ``oldest_pending_age`` is set for a job table only (``None`` when nothing is ready).
+
+    For a partitioned table (the parent holds no rows), the tuples and sizes are the sums
+    over its partitions, the last (auto)vacuum and (auto)analyze the most recent of any of
+    them, and ``partitions`` has each partition's own (by name; empty for a plain table):
+    a partition that autovacuum has not reached shows there.
 
     Examples:
         >>> TableHealth("jobs", {"pending": 1}, 1, 0, None, None, None, None, 8192, 0, 8192)
@@ -54,6 +87,7 @@ class TableHealth:
     table_bytes: int
     index_bytes: int
     oldest_pending_age: dt.timedelta | None = None
+    partitions: tuple[PartitionHealth, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +181,24 @@ def _stats(
     r = conn.execute(st.table_stats(target)).one_or_none()
     if r is None:
         raise InvalidArgument(f"table {resolve_table(target).fullname!r} does not exist")
+    partitions: tuple[PartitionHealth, ...] = ()
+    if r.partitions:
+        partitions = tuple(
+            PartitionHealth(
+                table=p.name,
+                bound=p.bound,
+                live_tuples=p.live_tuples,
+                dead_tuples=p.dead_tuples,
+                last_vacuum=p.last_vacuum,
+                last_autovacuum=p.last_autovacuum,
+                last_analyze=p.last_analyze,
+                last_autoanalyze=p.last_autoanalyze,
+                total_bytes=p.total_bytes,
+                table_bytes=p.table_bytes,
+                index_bytes=p.index_bytes,
+            )
+            for p in conn.execute(st.partition_stats(target))
+        )
     return TableHealth(
         table=r.name,
         rows=rows,
@@ -160,4 +212,5 @@ def _stats(
         table_bytes=r.table_bytes,
         index_bytes=r.index_bytes,
         oldest_pending_age=age,
+        partitions=partitions,
     )

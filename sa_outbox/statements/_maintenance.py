@@ -28,17 +28,56 @@ FROM pg_catalog.pg_class AS c
 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass(:prune_table)"""
 
-_TABLE_STATS = """\
+# A table and every table under it: its partitions, theirs (sub-partitions), and the
+# children of a table with (legacy) inheritance; UNION, so a table with two parents in the
+# tree counts once. A partitioned table has no storage of its own (sizes 0) and, in the
+# statistics, only what ANALYZE of it recorded: its rows are its partitions'.
+_TREE = """\
+WITH RECURSIVE tree(relid) AS (
+    SELECT c.oid FROM pg_catalog.pg_class AS c WHERE c.oid = to_regclass(:{param})
+    UNION
+    SELECT i.inhrelid FROM pg_catalog.pg_inherits AS i JOIN tree AS t ON i.inhparent = t.relid
+)
+"""
+
+_TABLE_STATS = (
+    _TREE.format(param="health_table")
+    + """\
+SELECT n.nspname || '.' || c.relname AS name, a.*
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+CROSS JOIN LATERAL (
+    SELECT CAST(sum(s.n_live_tup) AS bigint) AS live_tuples,
+           CAST(sum(s.n_dead_tup) AS bigint) AS dead_tuples,
+           max(s.last_vacuum) AS last_vacuum, max(s.last_autovacuum) AS last_autovacuum,
+           max(s.last_analyze) AS last_analyze, max(s.last_autoanalyze) AS last_autoanalyze,
+           CAST(sum(pg_total_relation_size(t.relid)) AS bigint) AS total_bytes,
+           CAST(sum(pg_relation_size(t.relid)) AS bigint) AS table_bytes,
+           CAST(sum(pg_indexes_size(t.relid)) AS bigint) AS index_bytes,
+           CAST(count(*) - 1 AS integer) AS partitions
+    FROM tree AS t
+    LEFT JOIN pg_catalog.pg_stat_user_tables AS s ON s.relid = t.relid
+) AS a
+WHERE c.oid = to_regclass(:health_table)"""
+)
+
+_PARTITION_STATS = (
+    _TREE.format(param="health_table")
+    + """\
 SELECT n.nspname || '.' || c.relname AS name,
+       pg_catalog.pg_get_expr(c.relpartbound, c.oid) AS bound,
        s.n_live_tup AS live_tuples, s.n_dead_tup AS dead_tuples,
        s.last_vacuum, s.last_autovacuum, s.last_analyze, s.last_autoanalyze,
        pg_total_relation_size(c.oid) AS total_bytes,
        pg_relation_size(c.oid) AS table_bytes,
        pg_indexes_size(c.oid) AS index_bytes
-FROM pg_catalog.pg_class AS c
+FROM tree AS t
+JOIN pg_catalog.pg_class AS c ON c.oid = t.relid
 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
 LEFT JOIN pg_catalog.pg_stat_user_tables AS s ON s.relid = c.oid
-WHERE c.oid = to_regclass(:health_table)"""
+WHERE c.oid <> to_regclass(:health_table) AND c.relkind <> 'p'
+ORDER BY n.nspname, c.relname"""
+)
 
 _XMIN_HOLDERS = """\
 SELECT a.pid, a.state, age(a.backend_xmin) AS xmin_age, a.xact_start, a.query_start,
@@ -73,7 +112,15 @@ def prune_lock(target: object) -> TextClause:
 
 
 def table_stats(target: object) -> TextClause:
-    """A table's vacuum statistics and sizes (``pg_stat_user_tables``, ``pg_*_size``).
+    """A table's vacuum statistics and sizes (``pg_stat_user_tables``, ``pg_*_size``),
+    summed over its partitions when it has some; one row.
+
+    Rows: ``name``; ``live_tuples``, ``dead_tuples`` and the sizes (``total_bytes``,
+    ``table_bytes``, ``index_bytes``) summed over the table and every table under it
+    (partitions, sub-partitions, inheritance children); ``last_vacuum``,
+    ``last_autovacuum``, ``last_analyze``, ``last_autoanalyze``, the most recent over them;
+    ``partitions``, how many tables are under it (0 for a plain table). No row when the
+    table does not exist. `partition_stats` has the same numbers partition by partition.
 
     Examples:
         >>> from sa_outbox.schema import JobMixin
@@ -84,6 +131,24 @@ def table_stats(target: object) -> TextClause:
         True
     """
     return sql_text(_TABLE_STATS).bindparams(_name(target, "health_table"))
+
+
+def partition_stats(target: object) -> TextClause:
+    """`table_stats`'s columns, one row per partition of a table (the tables under it that
+    hold rows: leaf partitions, inheritance children), by name; none for a plain table.
+
+    ``bound`` is the partition's bound as PostgreSQL prints it (``FOR VALUES FROM (…) TO
+    (…)``, ``DEFAULT``; ``NULL`` for an inheritance child).
+
+    Examples:
+        >>> from sa_outbox.schema import JobMixin
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> partition_stats(Job).compile().params
+        {'health_table': 'jobs'}
+    """
+    return sql_text(_PARTITION_STATS).bindparams(_name(target, "health_table"))
 
 
 def xmin_holders(limit: int = 5) -> TextClause:
@@ -136,16 +201,17 @@ def count_events_by_state(target: object) -> Select[int, int, int]:
     ).select_from(t)
 
 
-_VACUUM_CANDIDATES = """\
+_VACUUM_CANDIDATES = (
+    _TREE.format(param="vacuum_table")
+    + """\
 SELECT n.nspname AS schema_name, c.relname AS table_name, s.n_dead_tup AS dead_tuples,
        s.n_live_tup AS live_tuples, pg_catalog.pg_has_role(c.relowner, 'USAGE') AS owned
-FROM pg_catalog.pg_class AS c
+FROM tree AS t
+JOIN pg_catalog.pg_class AS c ON c.oid = t.relid
 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
 JOIN pg_catalog.pg_stat_user_tables AS s ON s.relid = c.oid
-WHERE c.oid = to_regclass(:vacuum_table)
-   OR c.oid IN (SELECT i.inhrelid FROM pg_catalog.pg_inherits AS i
-                WHERE i.inhparent = to_regclass(:vacuum_table))
 ORDER BY s.n_dead_tup DESC, n.nspname, c.relname"""
+)
 
 
 def vacuum_candidates(target: object) -> TextClause:
@@ -154,7 +220,7 @@ def vacuum_candidates(target: object) -> TextClause:
     Rows: ``schema_name``, ``table_name``, ``dead_tuples`` and ``live_tuples``
     (``pg_stat_user_tables``) and ``owned`` (whether the current role may ``VACUUM`` it),
     most dead tuples first. A partitioned parent has no statistics of its own: its
-    partitions are listed instead.
+    partitions (and theirs, when sub-partitioned) are listed too.
 
     Examples:
         >>> from sa_outbox.schema import JobMixin

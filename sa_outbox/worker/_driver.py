@@ -422,6 +422,14 @@ class DriverBase(abc.ABC, Generic[E]):
             due = min(due, self.timer() + vacuum_interval)
         return max(0.0, due - self.timer())
 
+    def _start_run(self) -> None:
+        """`run` starts (again, after a `stop`): no shutdown under way, and the scheduler
+        starts afresh, as a new worker's would (a stopped worker's ticks are missed ones)."""
+        self.core.stopping = False
+        if self.scheduler is not None:
+            self.scheduler.reset()
+            self._next_schedule = self.timer()
+
     def _schedule_is_due(self) -> bool:
         """Whether the scheduler's next look is due; if so, a retry is set for a second
         later, which `_scheduled` moves to the next tick once the look succeeded."""

@@ -126,6 +126,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         self._give_up_at = None
         self._hard_stop.clear()
         self._keeper_stop.clear()
+        self._start_run()
         self._run_task = asyncio.current_task()
         self._interrupted = False
         try:

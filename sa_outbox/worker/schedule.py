@@ -333,6 +333,21 @@ class Scheduler:
         # Per schedule: ticks before this were looked at (absent: not started yet).
         self._since: dict[str, dt.datetime] = {}
 
+    def reset(self) -> None:
+        """Forget the ticks looked at: the next `due` is a start (a worker's `run` calls it,
+        so a worker run again after `stop` treats the ticks missed meanwhile by ``missed``).
+
+        Examples:
+            >>> import datetime as dt
+            >>> start = dt.datetime(2030, 1, 1, 0, 2, tzinfo=dt.UTC)
+            >>> scheduler = Scheduler([Schedule.build("report", every=300)])
+            >>> scheduler.done(start)
+            >>> scheduler.reset()
+            >>> scheduler.due(start + dt.timedelta(minutes=9))  # 00:10 was before the start
+            []
+        """
+        self._since.clear()
+
     def due(self, now: dt.datetime) -> list[tuple[Schedule, dt.datetime]]:
         """The ticks to enqueue at ``now``, by the schedules' ``missed`` policies."""
         due: list[tuple[Schedule, dt.datetime]] = []

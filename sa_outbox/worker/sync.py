@@ -162,6 +162,7 @@ class Worker(DriverBase[Engine]):
             self._stop_requested = False
             self._give_up_at = None
             self._hard_stop.clear()
+            self._start_run()
         try:
             self._connect_first()
         except BaseException:
