@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 from sqlalchemy import URL
 
 from .._clock import DATABASE_CLOCK, Clock
-from .._connect_args import check_listen_url
+from .._connect_args import check_listen_url, harden, unprotected
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._sqlstate import is_configuration_error
 from ..maintenance._retention import PruneReport, Retention
@@ -178,6 +178,8 @@ class DriverBase(abc.ABC, Generic[E]):
         if not isinstance(app, JobApp):
             raise InvalidArgumentType(f"{self.name} needs a JobApp, got {type(app).__name__}")
         self._check(app, engine)
+        # Bounded client-side timeouts on the engine's connections, whatever it was made with.
+        harden(engine)
         self.app = app
         self.engine = engine
         #: Where the LISTEN connection goes (``None``: the engine's URL), see `listen_url`.
@@ -362,19 +364,11 @@ class DriverBase(abc.ABC, Generic[E]):
         the signal interrupted (start-up, or a second signal while a statement hangs)."""
         return self._in_database and (not self._connected or self._hard_stop.is_set())
 
-    def _warn_without_keepalives(self, dbapi_connection: Any) -> None:
-        # libpq reports the parameters it was given; without these, a dropped network holds
-        # a statement for as long as the operating system's TCP settings allow (minutes).
-        info = getattr(dbapi_connection, "info", None)
-        get = getattr(info, "get_parameters", None)
-        if get is None:
-            return
-        given = get()
-        missing = [
-            name
-            for name in ("connect_timeout", "keepalives_idle", "tcp_user_timeout")
-            if name not in given
-        ]
+    def _warn_without_keepalives(self, pool_connection: Any) -> None:
+        # `harden` gave the engine's connections client-side timeouts; a driver it does not
+        # know leaves a dropped network holding a statement for as long as the operating
+        # system's TCP settings allow (minutes).
+        missing = unprotected(pool_connection)
         if missing:
             log.warning(
                 "%s %s: the engine's connections have no %s: a dropped network can stall "

@@ -198,7 +198,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         async def attempt() -> None:
             async with self.engine.connect() as conn:
                 raw = await conn.get_raw_connection()
-                self._warn_without_keepalives(raw.driver_connection)
+                self._warn_without_keepalives(raw)
 
         try:
             await async_call_retrying(
@@ -442,8 +442,8 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         if listen_url is not None:  # a direct connection, past the engine's pooler
             args, kwargs = listen_connect_args(listen_url.get_dialect()(), listen_url)
         else:
-            given, options = dialect.create_connect_args(self.engine.url)
-            args, kwargs = list(given), dict(options)
+            # The engine's URL, with the client-side timeouts it leaves unset (see `harden`).
+            args, kwargs = listen_connect_args(dialect, self.engine.url)
 
         async def connect() -> Any:
             return await psycopg.AsyncConnection.connect(*args, **kwargs)

@@ -225,7 +225,7 @@ class Worker(DriverBase[Engine]):
 
         def attempt() -> None:
             with self.engine.connect() as conn:
-                self._warn_without_keepalives(conn.connection.dbapi_connection)
+                self._warn_without_keepalives(conn.connection)
 
         self._in_database = True
         try:
