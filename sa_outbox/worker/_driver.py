@@ -42,6 +42,12 @@ ALL_KINDS: Any = "*"
 #: How long `run` waits for a first connection before it gives up (a wrong host or port).
 DEFAULT_STARTUP_TIMEOUT = 10.0
 
+#: How many job ids a log line names.
+SHOWN_IDS = 10
+#: Once the grace period is over, how long the final write (the releases of the jobs still
+#: running) may wait on the database before its connection is broken.
+FINAL_WRITE_TIMEOUT = 3.0
+
 #: The keeper's chores, in the order it runs those that are due.
 Chore = Literal["heartbeat", "reclaim", "vacuum", "prune", "schedule"]
 
@@ -302,13 +308,6 @@ class DriverBase(abc.ABC, Generic[E]):
         if self._stop_requested and not core.stopping:
             core.begin_shutdown()
             self._grace_over = now + self.settings.grace
-            log.info(
-                "%s %s: stopping; %d running jobs have %g s to finish",
-                self.name,
-                self.worker_id,
-                core.busy,
-                self.settings.grace,
-            )
         grace_over = self._grace_over
         if core.stopping:
             assert grace_over is not None
@@ -325,6 +324,43 @@ class DriverBase(abc.ABC, Generic[E]):
                 wait = min(wait if wait is not None else grace_over, grace_over - now)
             return Step(idle=True, wait=wait, cancel=expired)
         return Step(results=core.take_results(), claim=claim, cancel=expired)
+
+    def _running_jobs(self) -> str:
+        """``N running jobs (ids …)`` for the log (the first ten ids)."""
+        ids = [str(e.job.id) for e in self.core.in_flight.values() if e.running]
+        shown = ", ".join(ids[:SHOWN_IDS]) + (", …" if len(ids) > SHOWN_IDS else "")
+        return f"{len(ids)} running jobs" + (f" ({shown})" if ids else "")
+
+    def _log_stopping(self, stuck: Sequence[str] = ()) -> None:
+        """Say once, at the stop request, what the worker waits for: its running jobs, and
+        a statement its loop or keeper waits on (``stuck``)."""
+        log.info(
+            "%s %s: stopping; waiting up to %g s (grace) for %s%s",
+            self.name,
+            self.worker_id,
+            self.settings.grace,
+            self._running_jobs(),
+            "".join(f"; {what}" for what in stuck),
+        )
+
+    def _log_abandoned(self) -> None:
+        """Say at the end what was left behind: the jobs whose write never reached the
+        database keep their lease, which expires, and the reclaimer returns them."""
+        core = self.core
+        ids = [str(i) for i in core.dropped_ids] + [str(e.job.id) for e in core.in_flight.values()]
+        core.dropped_ids.clear()
+        if not ids:
+            return
+        shown = ", ".join(ids[:SHOWN_IDS]) + (", …" if len(ids) > SHOWN_IDS else "")
+        log.warning(
+            "%s %s: left %d jobs held (%s): nothing is lost, their lease (%g s) expires and "
+            "the reclaimer returns them to pending",
+            self.name,
+            self.worker_id,
+            len(ids),
+            shown,
+            self.settings.lease,
+        )
 
     def _results_to_release(self) -> tuple[list[Result], list[Entry]]:
         """``run`` is failing: the releases of the jobs claimed but not started (no attempt

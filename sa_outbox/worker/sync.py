@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, text
 
 from .._clock import Clock
-from .._connect_args import listen_connect_args
+from .._connect_args import describe, in_use, interrupt, listen_connect_args
 from .._exceptions import InvalidArgument
 from .._pooler import PROBE_NOTIFY_SQL
 from .._sqlstate import is_bad_data
@@ -30,7 +30,7 @@ from ..queue._executors import Op, _drive
 from ..queue._results import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import HeldConnection, can_hold
-from ._driver import Chore, DriverBase, Interrupted, KeeperPlan
+from ._driver import FINAL_WRITE_TIMEOUT, Chore, DriverBase, Interrupted, KeeperPlan
 from ._retry import call_retrying
 from ._settings import check_engine
 from ._spans import end_job_span, job_span
@@ -146,6 +146,16 @@ class Worker(DriverBase[Engine]):
         self.listener: Listener | None = None
         #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
         self.listening = threading.Event()
+        # The grace period's watch (`_watch`): set at the stop request, and when run ends.
+        self._stop_event = threading.Event()
+        self._done = threading.Event()
+        self._loop_ident: int | None = None
+        self._keeper_ident: int | None = None
+        # What the loop and the keeper wait on, since when (time.monotonic()): `_stuck`.
+        self._db_since: float | None = None
+        self._db_operation = ""
+        self._chore_since: float | None = None
+        self._chore = ""
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -162,6 +172,9 @@ class Worker(DriverBase[Engine]):
             self._stop_requested = False
             self._give_up_at = None
             self._hard_stop.clear()
+            self._stop_event.clear()
+            self._done.clear()
+            self.core.dropped_ids.clear()
         try:
             self._connect_first()
         except BaseException:
@@ -171,16 +184,22 @@ class Worker(DriverBase[Engine]):
         restore = self._install_signals() if self.install_signal_handlers else None
         keeper = threading.Thread(target=self._keep, name="sa-outbox-keeper", daemon=True)
         keeper_stop = self._keeper_stop = threading.Event()
+        watch = threading.Thread(target=self._watch, name="sa-outbox-grace", daemon=True)
+        self._loop_ident = threading.get_ident()
         s = self.settings
         self._log_start()
+        interrupted = False
         try:
             keeper.start()
+            self._keeper_ident = keeper.ident
+            watch.start()
             if s.listen:
                 self._start_listener()
             self._hold = can_hold(self.engine)
             try:
                 self._loop()
             except Interrupted:
+                interrupted = True
                 with self._cond:
                     unwritten = self.core.unfinished()
                 log.warning(
@@ -199,12 +218,16 @@ class Worker(DriverBase[Engine]):
             if self.listener is not None:
                 self.listener.stop()
                 self.listener = None
-            keeper.join(5.0)
+            self._join_keeper(keeper)
+            self._done.set()
+            self._stop_event.set()
             if restore is not None:
                 restore()
             self.close()
             with self._cond:
                 self._running = False
+                if not interrupted:
+                    self._log_abandoned()
             log.info("worker %s stopped", s.worker_id)
 
     def _release_after_failure(self) -> None:
@@ -317,6 +340,9 @@ class Worker(DriverBase[Engine]):
 
         main = threading.current_thread() is threading.main_thread()
         self._in_database = main
+        loop = threading.get_ident() == self._loop_ident
+        if loop:
+            self._db_operation, self._db_since = operation, time.monotonic()
         try:
             return call_retrying(
                 attempt,
@@ -328,6 +354,8 @@ class Worker(DriverBase[Engine]):
         finally:
             if main:
                 self._in_database = False
+            if loop:
+                self._db_since = None
 
     def _sleep(self, seconds: float) -> None:
         self._hard_stop.wait(seconds)
@@ -393,6 +421,7 @@ class Worker(DriverBase[Engine]):
                 prune=self._next_prune is not None,
                 schedule=self._schedule_is_due(),
             ):
+                self._chore, self._chore_since = chore, time.monotonic()
                 try:
                     chores[chore]()
                 except Exception as exc:
@@ -400,6 +429,8 @@ class Worker(DriverBase[Engine]):
                     plan.done(chore, now, ok=False)
                 else:
                     plan.done(chore, now, ok=True)
+                finally:
+                    self._chore_since = None
             self._keeper_stop.wait(self._keeper_wait(plan, vacuum_interval))
 
     # -- the listener --------------------------------------------------------------------
@@ -459,6 +490,93 @@ class Worker(DriverBase[Engine]):
         with self._cond:
             self._request_stop(now)
             self._cond.notify_all()
+        self._stop_event.set()  # the grace period's watch starts (`_watch`)
+
+    # -- the grace period: what it waits for, and what is stuck past it -------------------
+
+    def _watch(self) -> None:
+        """The grace period's watch (a thread of `run`): at the stop request it logs what the
+        worker waits for; once the grace period is over, a statement the loop still waits
+        on (a network that stopped answering, a lock) is broken — cancelled, its socket shut
+        down — so that `run` returns instead of waiting as long as TCP allows."""
+        self._stop_event.wait()
+        if self._done.is_set():
+            return
+        with self._cond:
+            self._log_stopping(self._stuck())
+        deadline = time.monotonic() + self.settings.grace
+        if self._done.wait(self.settings.grace):
+            return
+        while not self._done.is_set():
+            since = self._db_since
+            if since is not None:
+                # A statement begun before the end of the grace period gets a second more;
+                # the final write (the releases of the jobs still running) a few seconds.
+                limit = 1.0 if since < deadline else FINAL_WRITE_TIMEOUT
+                if time.monotonic() - max(since, deadline) >= limit:
+                    self._break_loop(since)
+                    return
+            self._done.wait(0.1)
+
+    def _stuck(self) -> list[str]:
+        """What the loop and the keeper wait on for more than half a second, for the log."""
+        now = time.monotonic()
+        stuck = []
+        for who, ident, since, what in (
+            ("its loop", self._loop_ident, self._db_since, self._db_operation),
+            ("its keeper", self._keeper_ident, self._chore_since, self._chore),
+        ):
+            if ident is None or since is None or now - since < 0.5:
+                continue
+            connections = in_use(self.engine, [ident])
+            where = describe(connections[0]) if connections else "a connection being opened"
+            stuck.append(f"{who} waits on a statement ({what}, {now - since:.1f} s) on {where}")
+        return stuck
+
+    def _break_loop(self, since: float) -> None:
+        with self._cond:
+            self._request_stop(True)  # give up writing: the next failure ends the loop
+            self._cond.notify_all()
+        ident = self._loop_ident
+        connections = [] if ident is None else in_use(self.engine, [ident])
+        waited = time.monotonic() - since
+        if not connections:
+            log.warning(
+                "worker %s: grace period over; its loop still waits on the database (%s, "
+                "%.1f s): connecting, which connect_timeout bounds",
+                self.worker_id,
+                self._db_operation,
+                waited,
+            )
+        for conn in connections:
+            where = describe(conn)
+            done = interrupt(conn)
+            log.warning(
+                "worker %s: grace period over; its loop still waited on a statement (%s, "
+                "%.1f s) on %s: %s",
+                self.worker_id,
+                self._db_operation,
+                waited,
+                where,
+                done,
+            )
+
+    def _join_keeper(self, keeper: threading.Thread) -> None:
+        # The keeper ends after its chore; one stuck on a dead network is broken after a
+        # second (its connection's socket shut down), and waited for a few seconds more.
+        keeper.join(1.0)
+        if not keeper.is_alive() or keeper.ident is None:
+            return
+        for conn in in_use(self.engine, [keeper.ident]):
+            where = describe(conn)
+            log.warning(
+                "worker %s: its keeper still waits on a statement (%s) on %s: %s",
+                self.worker_id,
+                self._chore,
+                where,
+                interrupt(conn),
+            )
+        keeper.join(5.0)
 
     def _install_signals(self) -> Callable[[], None] | None:
         if threading.current_thread() is not threading.main_thread():
