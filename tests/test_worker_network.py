@@ -10,7 +10,9 @@ second SIGTERM stops a worker whose statement hangs. Each test counts the jobs a
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import logging
 import os
 import signal
 import socket
@@ -25,8 +27,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from sa_outbox import (
+    AsyncWorker,
     CancelReason,
     DatabaseUnreachable,
     FakeClock,
@@ -308,3 +312,55 @@ def test_the_defaults_never_override_what_the_engine_sets(database_url):
         assert given["keepalives_interval"] == "5"  # unset by the user: the default
     finally:
         mine.dispose()
+
+
+async def test_stop_ends_an_async_worker_on_a_plain_engine_within_its_grace_period(
+    engine, database_url, proxy, caplog
+):
+    # create_async_engine(url), no connect_args: the network stops answering while a job
+    # runs; stop() must end run() within the grace period and a bound, and lose nothing.
+    behind = create_async_engine(_through(database_url, proxy))
+    started = asyncio.Event()
+    app = JobApp(Job)
+
+    @app.handler("hold")
+    async def hold(job: JobContext) -> None:
+        started.set()
+        await asyncio.wait_for(job.cancel.wait_async(), WAIT)
+
+    with engine.begin() as conn:
+        [held] = [JobQueue(Job).enqueue(conn, "hold", {}).id]
+    grace = 2.0
+    worker = AsyncWorker(
+        app,
+        behind,
+        grace=grace,
+        lease=6.0,
+        poll_interval=0.1,
+        listen=False,
+        vacuum=None,
+        install_signal_handlers=False,
+    )
+    caplog.set_level(logging.INFO, logger="sa_outbox.worker")
+    run = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(started.wait(), WAIT)
+        proxy.blackhole()
+        await asyncio.wait_for(asyncio.to_thread(proxy.holding.wait, WAIT), WAIT + 1)
+        await asyncio.sleep(1.0)  # not a synchronisation: the claim then waited a second
+        sent = time.monotonic()
+        worker.stop()
+        await asyncio.wait_for(run, grace + 12)
+        assert time.monotonic() - sent < grace + 12
+    finally:
+        proxy.restore()
+        if not run.done():
+            run.cancel()
+        await behind.dispose()
+    assert f"waiting up to {grace:g} s (grace) for 1 running jobs ({held})" in caplog.text
+    assert "its loop waits on a statement" in caplog.text
+    assert "grace period over; its loop still waited on a statement" in caplog.text
+    with engine.connect() as conn:
+        now = conn.execute(text("SELECT now()")).scalar_one()
+    Reclaimer(app, engine, clock=FakeClock(now + dt.timedelta(seconds=7))).run_once()
+    assert jobs_by_status(engine) == {"pending": 1}

@@ -146,8 +146,7 @@ class Worker(DriverBase[Engine]):
         self.listener: Listener | None = None
         #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
         self.listening = threading.Event()
-        # The grace period's watch (`_watch`): set at the stop request, and when run ends.
-        self._stop_event = threading.Event()
+        # Set when `run` ends (the grace period's watch, `_watch`, then ends too).
         self._done = threading.Event()
         self._loop_ident: int | None = None
         self._keeper_ident: int | None = None
@@ -172,7 +171,6 @@ class Worker(DriverBase[Engine]):
             self._stop_requested = False
             self._give_up_at = None
             self._hard_stop.clear()
-            self._stop_event.clear()
             self._done.clear()
             self.core.dropped_ids.clear()
         try:
@@ -220,7 +218,6 @@ class Worker(DriverBase[Engine]):
                 self.listener = None
             self._join_keeper(keeper)
             self._done.set()
-            self._stop_event.set()
             if restore is not None:
                 restore()
             self.close()
@@ -490,7 +487,6 @@ class Worker(DriverBase[Engine]):
         with self._cond:
             self._request_stop(now)
             self._cond.notify_all()
-        self._stop_event.set()  # the grace period's watch starts (`_watch`)
 
     # -- the grace period: what it waits for, and what is stuck past it -------------------
 
@@ -499,9 +495,11 @@ class Worker(DriverBase[Engine]):
         worker waits for; once the grace period is over, a statement the loop still waits
         on (a network that stopped answering, a lock) is broken — cancelled, its socket shut
         down — so that `run` returns instead of waiting as long as TCP allows."""
-        self._stop_event.wait()
-        if self._done.is_set():
-            return
+        # It polls the stop request: a signal handler must not take a lock (an Event's) that
+        # the same handler, interrupted by a second signal, may be holding.
+        while not self._stop_requested:
+            if self._done.wait(0.1):
+                return
         with self._cond:
             self._log_stopping(self._stuck())
         deadline = time.monotonic() + self.settings.grace
