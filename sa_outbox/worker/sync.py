@@ -81,8 +81,12 @@ class Worker(DriverBase[Engine]):
     On SIGTERM or SIGINT (or `stop`) it stops claiming, cancels the running jobs' tokens
     (reason ``shutdown``), lets them finish for up to ``grace`` seconds, then releases the
     rest back to ``pending`` without counting the attempt. A second signal skips the grace
-    period. A lost connection or a restarting server is retried with backoff, forever while
-    running; nothing is written twice (every write is fenced).
+    period. A statement still hanging once the grace period is over (a dead network, a
+    lock) is cancelled and its socket shut down: `run` returns, and the jobs it could not
+    release keep leases that expire (the reclaimer returns them). The engine's connections
+    get the client-side timeouts of `sa_outbox.connect_args` it leaves unset. A lost
+    connection or a restarting server is retried with backoff, forever while running;
+    nothing is written twice (every write is fenced).
 
     While it runs, the loop keeps one connection of the engine's pool for its batches (in
     autocommit mode; a write with follow-up jobs, retries or failures gives it back and takes
