@@ -325,7 +325,7 @@ def _given(driver_connection: Any) -> set[str]:
 def unprotected(pool_connection: Any) -> list[str]:
     """Which of ``connect_timeout``, ``keepalives_idle``, ``tcp_user_timeout`` a pooled
     connection (``conn.connection``) lacks, when neither its parameters nor `harden` gave
-    them; empty when it is guarded or its driver does not say.
+    them: empty when it is guarded, all three for a driver that cannot tell (asyncpg).
 
     Examples:
         >>> unprotected(None)
@@ -338,7 +338,7 @@ def unprotected(pool_connection: Any) -> list[str]:
         return []
     driver = getattr(pool_connection, "driver_connection", None)
     if getattr(getattr(driver, "info", None), "get_parameters", None) is None:
-        return []
+        return list(_WATCHED)
     given = _given(driver)
     return [name for name in _WATCHED if name not in given]
 

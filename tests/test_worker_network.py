@@ -5,7 +5,11 @@ A proxy between the worker and the test server stops forwarding without closing 
 a worker started behind it gives up after its ``startup_timeout`` when its engine has a
 ``connect_timeout`` (`sa_outbox.connect_args`); a running worker whose keeper is stuck in a
 heartbeat cancels its handlers by its own clock once their lease may have passed; and a
-second SIGTERM stops a worker whose statement hangs. Each test counts the jobs at the end.
+second SIGTERM stops a worker whose statement hangs. A plain ``create_engine(url)`` handed
+to the worker, the relay or the maintenance runners gets the client-side timeouts of
+``connect_args`` (`sa_outbox._connect_args.harden`), and one SIGTERM stops a worker whose
+network stopped answering within its grace period and a bound. Each test counts the jobs at
+the end.
 """
 
 from __future__ import annotations
@@ -37,14 +41,18 @@ from sa_outbox import (
     JobApp,
     JobContext,
     JobQueue,
+    Pruner,
     Reclaimer,
+    Relay,
+    Vacuumer,
     Worker,
     connect_args,
 )
+from sa_outbox.publishers.callable import CallablePublisher
 
 from . import worker_app
 from .blackhole import BlackholeProxy
-from .conftest import Job
+from .conftest import Job, OutboxEvent
 from .helpers import jobs_by_status
 from .worker_app import SCHEMA, create_schema, drop_schema
 
@@ -123,7 +131,8 @@ def test_a_worker_started_behind_a_dead_network_gives_up_after_startup_timeout(
 def test_a_stalled_heartbeat_cancels_the_handler_by_the_workers_own_clock(
     engine, database_url, proxy
 ):
-    # No keepalives on purpose: the heartbeat hangs for as long as the network is dead.
+    # A plain engine: the keepalives the worker gives it find the dead network only after
+    # about 25 s, so the heartbeat hangs well past the 1.5 s lease.
     behind = create_engine(_through(database_url, proxy))
     started, returned = threading.Event(), threading.Event()
     reasons: list[CancelReason | None] = []
@@ -364,3 +373,43 @@ async def test_stop_ends_an_async_worker_on_a_plain_engine_within_its_grace_peri
         now = conn.execute(text("SELECT now()")).scalar_one()
     Reclaimer(app, engine, clock=FakeClock(now + dt.timedelta(seconds=7))).run_once()
     assert jobs_by_status(engine) == {"pending": 1}
+
+
+def _given_parameters(engine: Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        return dict(conn.connection.driver_connection.info.get_parameters())
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda engine: Relay(engine, OutboxEvent, CallablePublisher(lambda events: None)),
+        lambda engine: Pruner(engine, jobs=Job),
+        lambda engine: Vacuumer(engine, Job),
+        lambda engine: Reclaimer(JobApp(Job), engine),
+    ],
+    ids=["relay", "pruner", "vacuumer", "reclaimer"],
+)
+def test_the_relay_and_the_maintenance_runners_bound_a_plain_engine(database_url, build):
+    plain = create_engine(database_url)
+    try:
+        assert "keepalives_idle" not in _given_parameters(plain)
+        plain.dispose()
+        build(plain)
+        given = _given_parameters(plain)
+        assert (given["connect_timeout"], given["keepalives_idle"]) == ("10", "10")
+        assert given["tcp_user_timeout"] == "30000"
+    finally:
+        plain.dispose()
+
+
+async def test_an_async_engine_handed_to_an_async_worker_gets_the_timeouts(database_url):
+    plain = create_async_engine(database_url)
+    try:
+        AsyncWorker(JobApp(Job, handlers={"noop": lambda job: None}), plain)
+        async with plain.connect() as conn:
+            raw = await conn.get_raw_connection()
+            given = raw.driver_connection.info.get_parameters()
+        assert (given["connect_timeout"], given["keepalives_idle"]) == ("10", "10")
+    finally:
+        await plain.dispose()

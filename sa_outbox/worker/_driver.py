@@ -408,8 +408,9 @@ class DriverBase(abc.ABC, Generic[E]):
         if missing:
             log.warning(
                 "%s %s: the engine's connections have no %s: a dropped network can stall "
-                "heartbeats and writes for minutes; create the engine with "
-                "connect_args=sa_outbox.connect_args() (docs/worker.md)",
+                "heartbeats and writes for minutes; use the psycopg driver "
+                "(postgresql+psycopg://), whose connections the worker bounds itself, or set "
+                "the driver's own timeouts (docs/worker.md)",
                 self.name,
                 self.worker_id,
                 ", ".join(missing),
