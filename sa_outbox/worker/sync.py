@@ -152,6 +152,7 @@ class Worker(DriverBase[Engine]):
         self.listening = threading.Event()
         # Set when `run` ends (the grace period's watch, `_watch`, then ends too).
         self._done = threading.Event()
+        self._stop_requested_at: float | None = None  # time.monotonic() at the first stop()
         self._loop_ident: int | None = None
         self._keeper_ident: int | None = None
         # What the loop and the keeper wait on, since when (time.monotonic()): `_stuck`.
@@ -173,6 +174,7 @@ class Worker(DriverBase[Engine]):
                 raise InvalidArgument("this worker is already running")
             self._running = True
             self._stop_requested = False
+            self._stop_requested_at = None
             self._give_up_at = None
             self._hard_stop.clear()
             self._done.clear()
@@ -489,6 +491,8 @@ class Worker(DriverBase[Engine]):
             worker.run()  # returns after a minute, and the grace period
         """
         with self._cond:
+            if self._stop_requested_at is None:
+                self._stop_requested_at = time.monotonic()
             self._request_stop(now)
             self._cond.notify_all()
 
@@ -501,13 +505,13 @@ class Worker(DriverBase[Engine]):
         down — so that `run` returns instead of waiting as long as TCP allows."""
         # It polls the stop request: a signal handler must not take a lock (an Event's) that
         # the same handler, interrupted by a second signal, may be holding.
-        while not self._stop_requested:
-            if self._done.wait(0.1):
+        while self._stop_requested_at is None:
+            if self._done.wait(0.25):
                 return
         with self._cond:
             self._log_stopping(self._stuck())
-        deadline = time.monotonic() + self.settings.grace
-        if self._done.wait(self.settings.grace):
+        deadline = self._stop_requested_at + self.settings.grace
+        if self._done.wait(max(0.0, deadline - time.monotonic())):
             return
         while not self._done.is_set():
             since = self._db_since
