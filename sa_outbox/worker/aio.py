@@ -150,13 +150,14 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 await self._loop()
             except asyncio.CancelledError:
                 if self._interrupted and self._run_task is not None:
-                    # Our own signal handler broke a statement that hung: nothing more can
-                    # be written on that network; the leases expire instead.
+                    # Our own signal handler (or the grace period's watch) broke a statement
+                    # that hung: nothing more can be written on that network; the leases
+                    # expire instead.
                     self._run_task.uncancel()
                     log.warning(
-                        "async worker %s: stopped while a statement hung (a second signal); "
-                        "%d jobs held were not released and run again once their lease "
-                        "expires",
+                        "async worker %s: stopped while a statement hung (a second signal, or "
+                        "the end of the grace period); %d jobs held were not released and run "
+                        "again once their lease expires",
                         self.worker_id,
                         self.core.unfinished(),
                     )
