@@ -9,6 +9,11 @@ is never acknowledged, TCP keepalives a wait for an answer that never comes. The
 knows nothing of a dead client either, so ``statement_timeout`` / ``lock_timeout`` (sent as
 ``options``) bound what a session may hold.
 
+An engine handed to the worker, the relay or the maintenance runners gets these defaults
+without asking (`harden`): its new connections take whichever of them the engine's URL and
+``connect_args`` leave unset, and the ones already in its pool get the same TCP settings on
+their socket at their next checkout.
+
 Behind a transaction pooler (PgBouncer in ``pool_mode = transaction``, managed poolers)
 ``transaction_pooler=True`` also turns off psycopg's prepared statements, which such a
 pooler moves between server connections (docs/pgbouncer.md).
@@ -25,16 +30,33 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import inspect
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import URL, make_url
+from sqlalchemy import URL, Engine, event, make_url
 from sqlalchemy.exc import ArgumentError
 
 from ._exceptions import InvalidArgument, InvalidArgumentType
 from ._validation import duration
 
-__all__ = ["check_listen_url", "connect_args", "listen_connect_args"]
+__all__ = [
+    "check_listen_url",
+    "connect_args",
+    "describe",
+    "harden",
+    "in_use",
+    "interrupt",
+    "listen_connect_args",
+    "unprotected",
+]
 
 
 def _ms(value: dt.timedelta | float, what: str) -> int:
@@ -156,3 +178,238 @@ def check_listen_url(listen_url: str | URL | None) -> URL | None:
         raise InvalidArgument(f"listen_url must be a PostgreSQL URL, got {shown!r}")
     # LISTEN runs on psycopg 3 whatever the engine's driver: the URL names only where to go.
     return url.set(drivername="postgresql+psycopg") if driver != "psycopg" else url
+
+
+# -- engines handed to the library ----------------------------------------------------------
+
+#: The drivers whose connect() takes libpq's parameters (the async psycopg dialect's too).
+_LIBPQ_DRIVERS = frozenset({"psycopg", "psycopg2"})
+#: `connection_record.info` key: the connection has the client-side TCP limits (libpq's
+#: parameters at connect, or socket options set by `harden` on one made before).
+_GUARDED = "sa_outbox.guarded"
+#: The names `unprotected` looks for among a connection's libpq parameters.
+_WATCHED = ("connect_timeout", "keepalives_idle", "tcp_user_timeout")
+
+
+class _CheckedOut:
+    """The connections of one engine's pool checked out now, with the thread that took
+    each (the worker breaks those of its own threads when its grace period is over)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_record: dict[int, tuple[int, Any]] = {}
+
+
+_hardened: weakref.WeakKeyDictionary[Any, _CheckedOut] = weakref.WeakKeyDictionary()
+_install_lock = threading.Lock()
+
+
+def _sync_engine(engine: object) -> Engine | None:
+    target = getattr(engine, "sync_engine", engine)  # an AsyncEngine's sync engine
+    return target if isinstance(target, Engine) else None
+
+
+def harden(engine: object) -> bool:
+    """Give ``engine``'s connections the client-side timeouts of `connect_args` that its
+    URL and ``connect_args`` leave unset; the worker, the relay and the maintenance
+    runners call it on the engine they are handed. Returns whether the engine is guarded
+    (a PostgreSQL engine on psycopg or psycopg2; another driver is left as it is).
+
+    New connections get the parameters at connect (a ``do_connect`` listener that fills
+    in only what is missing: a value the user set wins); the connections already in the
+    pool get the same TCP settings on their socket at their next checkout (keepalives
+    after 10 s idle, 3 probes 5 s apart; unacknowledged sends given up after 30 s).
+    Installed once per engine (and the engines made from it with ``execution_options``);
+    SQLAlchemy still sees the statements as before: no statement listener is added.
+
+    Examples:
+        >>> from sqlalchemy import create_engine
+        >>> engine = create_engine("postgresql+psycopg://app@db/app")
+        >>> harden(engine), harden(engine)  # once: the second call finds it done
+        (True, True)
+        >>> harden(create_engine("sqlite://"))
+        False
+    """
+    sync = _sync_engine(engine)
+    if sync is None:
+        return False
+    dialect = sync.dialect
+    if dialect.name != "postgresql" or dialect.driver not in _LIBPQ_DRIVERS:
+        return False
+    with _install_lock:
+        if dialect in _hardened:
+            return True
+        checked_out = _hardened[dialect] = _CheckedOut()
+    defaults = {name: value for name, value in connect_args().items() if name not in ("options",)}
+
+    def do_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        for name, value in defaults.items():
+            cparams.setdefault(name, value)
+        if record is not None:
+            record.info[_GUARDED] = True
+
+    def checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        info = record.info
+        if not info.get(_GUARDED):
+            info[_GUARDED] = True  # tried once: a socket that refuses is left as it is
+            _guard_socket(record.driver_connection)
+        with checked_out.lock:
+            checked_out.by_record[id(record)] = (threading.get_ident(), record)
+
+    def checkin(dbapi_connection: Any, record: Any) -> None:
+        with checked_out.lock:
+            checked_out.by_record.pop(id(record), None)
+
+    event.listen(sync, "do_connect", do_connect)
+    event.listen(sync.pool, "checkout", checkout)
+    event.listen(sync.pool, "checkin", checkin)
+    event.listen(sync.pool, "detach", checkin)
+    return True
+
+
+def _guard_socket(driver_connection: Any) -> bool:
+    """Set `connect_args`' TCP settings on the socket of a connection made without them
+    (before `harden`); a connection that has its own libpq parameters is left alone."""
+    if driver_connection is None or _given(driver_connection).intersection(_WATCHED):
+        return False
+    try:
+        sock = _socket_of(driver_connection)
+    except (AttributeError, OSError, ValueError):
+        return False
+    with sock:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        defaults = connect_args()
+        options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+        for name, key in (
+            ("TCP_KEEPIDLE", "keepalives_idle"),
+            ("TCP_KEEPINTVL", "keepalives_interval"),
+            ("TCP_KEEPCNT", "keepalives_count"),
+            ("TCP_USER_TIMEOUT", "tcp_user_timeout"),
+        ):
+            if hasattr(socket, name):  # Linux has them all; other systems some
+                value = defaults[key]
+                assert isinstance(value, int)
+                options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+        try:
+            for level, option, value in options:
+                sock.setsockopt(level, option, value)
+        except OSError:
+            return False
+    return True
+
+
+def _socket_of(driver_connection: Any) -> socket.socket:
+    """A socket object on a duplicate of the connection's descriptor (its family and type
+    read from it): options and shutdown reach the connection's socket, closing it does
+    not close the connection."""
+    duplicate = os.dup(driver_connection.fileno())
+    try:
+        return socket.socket(fileno=duplicate)
+    except OSError:
+        os.close(duplicate)
+        raise
+
+
+def _given(driver_connection: Any) -> set[str]:
+    """The libpq parameters a psycopg 3 connection was made with (empty if unknown)."""
+    get = getattr(getattr(driver_connection, "info", None), "get_parameters", None)
+    if get is None:
+        return set()
+    try:
+        return set(get())
+    except Exception:  # a closed connection
+        return set()
+
+
+def unprotected(pool_connection: Any) -> list[str]:
+    """Which of ``connect_timeout``, ``keepalives_idle``, ``tcp_user_timeout`` a pooled
+    connection (``conn.connection``) lacks, when neither its parameters nor `harden` gave
+    them: empty when it is guarded, all three for a driver that cannot tell (asyncpg).
+
+    Examples:
+        >>> unprotected(None)
+        []
+    """
+    if pool_connection is None:
+        return []
+    info = getattr(pool_connection, "info", None)
+    if isinstance(info, dict) and info.get(_GUARDED):
+        return []
+    driver = getattr(pool_connection, "driver_connection", None)
+    if getattr(getattr(driver, "info", None), "get_parameters", None) is None:
+        return list(_WATCHED)
+    given = _given(driver)
+    return [name for name in _WATCHED if name not in given]
+
+
+def in_use(engine: object, threads: Collection[int]) -> list[Any]:
+    """The driver connections of ``engine``'s pool checked out now by ``threads`` (thread
+    idents), for a hardened engine (`harden`); empty otherwise.
+
+    Examples:
+        >>> from sqlalchemy import create_engine
+        >>> in_use(create_engine("sqlite://"), [threading.get_ident()])
+        []
+    """
+    sync = _sync_engine(engine)
+    checked_out = None if sync is None else _hardened.get(sync.dialect)
+    if checked_out is None:
+        return []
+    with checked_out.lock:
+        records = [record for ident, record in checked_out.by_record.values() if ident in threads]
+    return [conn for record in records if (conn := record.driver_connection) is not None]
+
+
+def interrupt(driver_connection: Any, *, cancel_timeout: float = 1.0) -> str:
+    """Break a statement that a connection waits on: ask the server to cancel it (psycopg
+    3.2's ``cancel_safe``, bounded by ``cancel_timeout``: a dead network never answers),
+    then shut the socket down, which returns a thread blocked reading it at once. Returns
+    what was done, for the log.
+
+    Examples:
+        >>> interrupt(None)
+        'nothing to interrupt'
+    """
+    if driver_connection is None:
+        return "nothing to interrupt"
+    done = []
+    cancel_safe = getattr(driver_connection, "cancel_safe", None)
+    if inspect.iscoroutinefunction(cancel_safe):  # an AsyncConnection: asyncio cancels it
+        cancel_safe = None
+    if cancel_safe is not None and cancel_timeout > 0:
+        started = time.monotonic()
+        try:
+            cancel_safe(timeout=cancel_timeout)
+        except Exception as exc:
+            spent = time.monotonic() - started
+            done.append(f"cancel failed after {spent:.1f} s ({type(exc).__name__})")
+        else:
+            done.append("cancel sent")
+    try:
+        sock = _socket_of(driver_connection)
+    except Exception:  # closed already
+        done.append("socket already closed")
+    else:
+        with sock, contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+            done.append("socket shut down")
+    return ", ".join(done)
+
+
+def describe(driver_connection: Any) -> str:
+    """``host:port (backend pid N)`` of a psycopg connection, for the log.
+
+    Examples:
+        >>> describe(None)
+        'a connection'
+    """
+    info = getattr(driver_connection, "info", None)
+    if info is None:
+        return "a connection"
+    try:
+        where = f"{info.host}:{info.port}"
+        pid = info.backend_pid
+    except Exception:
+        return "a connection"
+    return f"{where} (backend pid {pid})" if pid else where

@@ -132,6 +132,7 @@ def main() -> None:
     parser.add_argument("--quiet", action="store_true", help="no LISTEN, reclaimer nor vacuum")
     parser.add_argument("--worker-id", help="default: host:pid:random")
     parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--grace", type=float, default=10.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     engine = create_engine(args.database_url)
@@ -146,6 +147,7 @@ def main() -> None:
         poll_interval=args.poll_interval,
         worker_id=args.worker_id,
         concurrency=args.concurrency,
+        grace=args.grace,
         **quiet,  # type: ignore[arg-type]
     )
     if args.mode == "drain":

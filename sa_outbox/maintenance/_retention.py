@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from .. import statements as st
 from .._clock import Clock
+from .._connect_args import harden
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import count, duration
 from ..schema import JobStatus, resolve_table
@@ -224,6 +225,7 @@ class Pruner(_Base):
             inbox=inbox,
         )
         self.engine = engine
+        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
 
     def run_once(self) -> PruneReport:
         """One round: every batch due now; returns what was deleted."""
@@ -271,6 +273,7 @@ class AsyncPruner(_Base):
             inbox=inbox,
         )
         self.engine = engine
+        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
 
     async def run_once(self) -> PruneReport:
         """See `Pruner.run_once`."""

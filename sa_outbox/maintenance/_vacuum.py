@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import statements as st
+from .._connect_args import harden
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._validation import count, duration
 from ..schema import resolve_table
@@ -182,6 +183,7 @@ class Vacuumer(_Base):
     ) -> None:
         super().__init__(target, policy, timer)
         self.engine = engine
+        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
 
     def run_once(self) -> VacuumReport:
         """Read the dead-tuple counts and vacuum what is past the threshold."""
@@ -213,6 +215,7 @@ class AsyncVacuumer(_Base):
     ) -> None:
         super().__init__(target, policy, timer)
         self.engine = engine
+        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
 
     async def run_once(self) -> VacuumReport:
         """See `Vacuumer.run_once`."""

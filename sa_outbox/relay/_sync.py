@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from .._backoff import Backoff
 from .._clock import Clock
+from .._connect_args import harden
 from .._exceptions import InvalidArgumentType
 from ..maintenance._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, VacuumReport
 from ..queue._executors import _drive
@@ -167,6 +168,7 @@ class Relay:
             listen_url=listen_url,
         )
         self.engine = engine
+        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
         if metrics is not None and not isinstance(metrics, RelayMetrics):
             raise InvalidArgumentType(
                 f"metrics must be a RelayMetrics (sa_outbox.relay.metrics), got {metrics!r}"

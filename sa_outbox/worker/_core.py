@@ -117,6 +117,8 @@ class Core:
         self.in_flight: dict[Pair, Entry] = {}
         self.queued: deque[Entry] = deque()  # claimed ahead of a free handler, in claim order
         self.results: list[Result] = []
+        #: The jobs whose results could not be written (`dropped`), for the last log line.
+        self.dropped_ids: list[Any] = []
         self.first_result_at: float | None = None
         self.busy = 0
         self.run_time: float | None = None  # moving average of the handlers' run time
@@ -597,6 +599,7 @@ class Core:
         and the reclaimer returns the jobs; forget them here."""
         for result in results:
             self.in_flight.pop(result.entry.pair, None)
+            self.dropped_ids.append(result.entry.job.id)
         if results:
             log.error(
                 "%d job results could not be written; those jobs run again once their lease "

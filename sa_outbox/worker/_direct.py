@@ -336,6 +336,15 @@ class AsyncHeldConnection:
         await cursor.execute(direct.sql, direct.bind(values))
         return Rows(await cursor.fetchall())
 
+    def driver_connection(self) -> Any:
+        """The psycopg connection held now (``None``: none), to break a statement that
+        hangs at the end of the grace period."""
+        conn = self._conn
+        sync = None if conn is None else conn.sync_connection
+        if sync is None or sync.closed:
+            return None
+        return sync.connection.driver_connection
+
     async def discard(self) -> None:
         """See `HeldConnection.discard`."""
         conn, self._conn, self._cursor = self._conn, None, None

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 from sqlalchemy import URL
 
 from .._clock import DATABASE_CLOCK, Clock
-from .._connect_args import check_listen_url
+from .._connect_args import check_listen_url, harden, unprotected
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._sqlstate import is_configuration_error
 from ..maintenance._retention import PruneReport, Retention
@@ -41,6 +41,12 @@ E = TypeVar("E")
 ALL_KINDS: Any = "*"
 #: How long `run` waits for a first connection before it gives up (a wrong host or port).
 DEFAULT_STARTUP_TIMEOUT = 10.0
+
+#: How many job ids a log line names.
+SHOWN_IDS = 10
+#: Once the grace period is over, how long the final write (the releases of the jobs still
+#: running) may wait on the database before its connection is broken.
+FINAL_WRITE_TIMEOUT = 3.0
 
 #: The keeper's chores, in the order it runs those that are due.
 Chore = Literal["heartbeat", "reclaim", "vacuum", "prune", "schedule"]
@@ -178,6 +184,8 @@ class DriverBase(abc.ABC, Generic[E]):
         if not isinstance(app, JobApp):
             raise InvalidArgumentType(f"{self.name} needs a JobApp, got {type(app).__name__}")
         self._check(app, engine)
+        # Bounded client-side timeouts on the engine's connections, whatever it was made with.
+        harden(engine)
         self.app = app
         self.engine = engine
         #: Where the LISTEN connection goes (``None``: the engine's URL), see `listen_url`.
@@ -300,13 +308,6 @@ class DriverBase(abc.ABC, Generic[E]):
         if self._stop_requested and not core.stopping:
             core.begin_shutdown()
             self._grace_over = now + self.settings.grace
-            log.info(
-                "%s %s: stopping; %d running jobs have %g s to finish",
-                self.name,
-                self.worker_id,
-                core.busy,
-                self.settings.grace,
-            )
         grace_over = self._grace_over
         if core.stopping:
             assert grace_over is not None
@@ -323,6 +324,43 @@ class DriverBase(abc.ABC, Generic[E]):
                 wait = min(wait if wait is not None else grace_over, grace_over - now)
             return Step(idle=True, wait=wait, cancel=expired)
         return Step(results=core.take_results(), claim=claim, cancel=expired)
+
+    def _running_jobs(self) -> str:
+        """``N running jobs (ids …)`` for the log (the first ten ids)."""
+        ids = [str(e.job.id) for e in self.core.in_flight.values() if e.running]
+        shown = ", ".join(ids[:SHOWN_IDS]) + (", …" if len(ids) > SHOWN_IDS else "")
+        return f"{len(ids)} running jobs" + (f" ({shown})" if ids else "")
+
+    def _log_stopping(self, stuck: Sequence[str] = ()) -> None:
+        """Say once, at the stop request, what the worker waits for: its running jobs, and
+        a statement its loop or keeper waits on (``stuck``)."""
+        log.info(
+            "%s %s: stopping; waiting up to %g s (grace) for %s%s",
+            self.name,
+            self.worker_id,
+            self.settings.grace,
+            self._running_jobs(),
+            "".join(f"; {what}" for what in stuck),
+        )
+
+    def _log_abandoned(self) -> None:
+        """Say at the end what was left behind: the jobs whose write never reached the
+        database keep their lease, which expires, and the reclaimer returns them."""
+        core = self.core
+        ids = [str(i) for i in core.dropped_ids] + [str(e.job.id) for e in core.in_flight.values()]
+        core.dropped_ids.clear()
+        if not ids:
+            return
+        shown = ", ".join(ids[:SHOWN_IDS]) + (", …" if len(ids) > SHOWN_IDS else "")
+        log.warning(
+            "%s %s: left %d jobs held (%s): nothing is lost, their lease (%g s) expires and "
+            "the reclaimer returns them to pending",
+            self.name,
+            self.worker_id,
+            len(ids),
+            shown,
+            self.settings.lease,
+        )
 
     def _results_to_release(self) -> tuple[list[Result], list[Entry]]:
         """``run`` is failing: the releases of the jobs claimed but not started (no attempt
@@ -362,24 +400,17 @@ class DriverBase(abc.ABC, Generic[E]):
         the signal interrupted (start-up, or a second signal while a statement hangs)."""
         return self._in_database and (not self._connected or self._hard_stop.is_set())
 
-    def _warn_without_keepalives(self, dbapi_connection: Any) -> None:
-        # libpq reports the parameters it was given; without these, a dropped network holds
-        # a statement for as long as the operating system's TCP settings allow (minutes).
-        info = getattr(dbapi_connection, "info", None)
-        get = getattr(info, "get_parameters", None)
-        if get is None:
-            return
-        given = get()
-        missing = [
-            name
-            for name in ("connect_timeout", "keepalives_idle", "tcp_user_timeout")
-            if name not in given
-        ]
+    def _warn_without_keepalives(self, pool_connection: Any) -> None:
+        # `harden` gave the engine's connections client-side timeouts; a driver it does not
+        # know leaves a dropped network holding a statement for as long as the operating
+        # system's TCP settings allow (minutes).
+        missing = unprotected(pool_connection)
         if missing:
             log.warning(
                 "%s %s: the engine's connections have no %s: a dropped network can stall "
-                "heartbeats and writes for minutes; create the engine with "
-                "connect_args=sa_outbox.connect_args() (docs/worker.md)",
+                "heartbeats and writes for minutes; use the psycopg driver "
+                "(postgresql+psycopg://), whose connections the worker bounds itself, or set "
+                "the driver's own timeouts (docs/worker.md)",
                 self.name,
                 self.worker_id,
                 ", ".join(missing),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import text
 
 from .._clock import Clock
-from .._connect_args import listen_connect_args
+from .._connect_args import describe, interrupt, listen_connect_args
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._pooler import PROBE_NOTIFY_SQL
 from .._sqlstate import is_bad_data
@@ -30,7 +30,7 @@ from ..queue._executors import Op, _adrive
 from ..queue._results import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import AsyncHeldConnection, can_hold
-from ._driver import Chore, DriverBase, KeeperPlan
+from ._driver import FINAL_WRITE_TIMEOUT, Chore, DriverBase, KeeperPlan
 from ._retry import async_call_retrying
 from ._spans import end_job_span, job_span
 from ._threads import DaemonPool
@@ -110,6 +110,10 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         self._interrupted = False
         #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
         self.listening = asyncio.Event()
+        # What the loop waits on, since when (time.monotonic()), and the grace's watch.
+        self._db_since: float | None = None
+        self._db_operation = ""
+        self._watch_task: asyncio.Task[None] | None = None
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -129,6 +133,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         self._start_run()
         self._run_task = asyncio.current_task()
         self._interrupted = False
+        self.core.dropped_ids.clear()
         try:
             await self._connect_first()
         except BaseException:
@@ -146,13 +151,14 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 await self._loop()
             except asyncio.CancelledError:
                 if self._interrupted and self._run_task is not None:
-                    # Our own signal handler broke a statement that hung: nothing more can
-                    # be written on that network; the leases expire instead.
+                    # Our own signal handler (or the grace period's watch) broke a statement
+                    # that hung: nothing more can be written on that network; the leases
+                    # expire instead.
                     self._run_task.uncancel()
                     log.warning(
-                        "async worker %s: stopped while a statement hung (a second signal); "
-                        "%d jobs held were not released and run again once their lease "
-                        "expires",
+                        "async worker %s: stopped while a statement hung (a second signal, or "
+                        "the end of the grace period); %d jobs held were not released and run "
+                        "again once their lease expires",
                         self.worker_id,
                         self.core.unfinished(),
                     )
@@ -170,15 +176,19 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             self._hold = False
             await self._held.release()
             self._keeper_stop.set()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            await self._join_keeper(keeper)
             if self.listener is not None:
                 await self.listener.stop()
                 self.listener = None
+            if self._watch_task is not None:
+                self._watch_task.cancel()
+                self._watch_task = None
             if restore is not None:
                 restore()
             self.close()
             self._running = False
+            if not self._interrupted:
+                self._log_abandoned()
             log.info("async worker %s stopped", s.worker_id)
 
     async def _release_after_failure(self) -> None:
@@ -199,7 +209,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         async def attempt() -> None:
             async with self.engine.connect() as conn:
                 raw = await conn.get_raw_connection()
-                self._warn_without_keepalives(raw.driver_connection)
+                self._warn_without_keepalives(raw)
 
         try:
             await async_call_retrying(
@@ -290,6 +300,9 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 return await _adrive(conn, op())
 
         self._in_database = True
+        loop = asyncio.current_task() is self._run_task
+        if loop:
+            self._db_operation, self._db_since = operation, time.monotonic()
         try:
             return await async_call_retrying(
                 attempt,
@@ -300,6 +313,8 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             )
         finally:
             self._in_database = False
+            if loop:
+                self._db_since = None
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -443,8 +458,8 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         if listen_url is not None:  # a direct connection, past the engine's pooler
             args, kwargs = listen_connect_args(listen_url.get_dialect()(), listen_url)
         else:
-            given, options = dialect.create_connect_args(self.engine.url)
-            args, kwargs = list(given), dict(options)
+            # The engine's URL, with the client-side timeouts it leaves unset (see `harden`).
+            args, kwargs = listen_connect_args(dialect, self.engine.url)
 
         async def connect() -> Any:
             return await psycopg.AsyncConnection.connect(*args, **kwargs)
@@ -488,8 +503,74 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             asyncio.get_running_loop().call_later(60, worker.stop)
             await worker.run()
         """
+        first = not self._stop_requested
         self._request_stop(now)
         self._wake.set()
+        if first and self._running and self._watch_task is None:
+            since = self._db_since
+            stuck = []
+            if since is not None and time.monotonic() - since >= 0.5:
+                conn = self._held.driver_connection()
+                where = "a connection being opened" if conn is None else describe(conn)
+                waited = time.monotonic() - since
+                stuck.append(
+                    f"its loop waits on a statement ({self._db_operation}, {waited:.1f} s) "
+                    f"on {where}"
+                )
+            self._log_stopping(stuck)
+            self._watch_task = asyncio.get_running_loop().create_task(
+                self._watch(), name="sa-outbox-grace"
+            )
+
+    async def _watch(self) -> None:
+        """See `Worker._watch`: once the grace period is over, a statement the loop still
+        waits on has its socket shut down (or, on a connection of a transaction, the
+        loop's task is cancelled), so that `run` returns."""
+        deadline = time.monotonic() + self.settings.grace
+        await asyncio.sleep(self.settings.grace)
+        while self._running:
+            since = self._db_since
+            if since is not None:
+                limit = 1.0 if since < deadline else FINAL_WRITE_TIMEOUT
+                if time.monotonic() - max(since, deadline) >= limit:
+                    self._break_loop(since)
+                    return
+            await asyncio.sleep(0.1)
+
+    def _break_loop(self, since: float) -> None:
+        self._request_stop(True)
+        self._wake.set()
+        conn = self._held.driver_connection()
+        waited = time.monotonic() - since
+        if conn is None:
+            done = "its task cancelled"
+            if self._run_task is not None:
+                self._interrupted = True
+                self._run_task.cancel()
+            where = "a connection of a transaction"
+        else:
+            where = describe(conn)
+            done = interrupt(conn)
+        log.warning(
+            "async worker %s: grace period over; its loop still waited on a statement (%s, "
+            "%.1f s) on %s: %s",
+            self.worker_id,
+            self._db_operation,
+            waited,
+            where,
+            done,
+        )
+
+    async def _join_keeper(self, keeper: asyncio.Task[None]) -> None:
+        # The keeper ends after its chore; one stuck on a dead network is cancelled after a
+        # second, and waited for two more (psycopg then tries to cancel the statement).
+        done, _ = await asyncio.wait({keeper}, timeout=1.0)
+        if not done:
+            log.warning("async worker %s: its keeper still waits: cancelled", self.worker_id)
+            keeper.cancel()
+            await asyncio.wait({keeper}, timeout=2.0)
+        if keeper.done() and not keeper.cancelled():
+            keeper.exception()  # retrieved: the keeper logs its own failures
 
     def _install_signals(self) -> Callable[[], None] | None:
         if threading.current_thread() is not threading.main_thread():

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._backoff import Backoff
 from .._clock import Clock
+from .._connect_args import harden
 from .._validation import count, duration
 from ..queue._job_queue import AsyncJobQueue, JobQueue
 from ..queue._results import ReclaimedJob
@@ -118,6 +119,7 @@ class Reclaimer(_Base):
             source, interval=interval, limit=limit, backoff=backoff, clock=clock, metrics=metrics
         )
         self.engine = engine
+        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
         self.queue = JobQueue(self.model, clock=clock, backoff=self.backoff)
         self._stop = threading.Event()
 
@@ -177,6 +179,7 @@ class AsyncReclaimer(_Base):
             source, interval=interval, limit=limit, backoff=backoff, clock=clock, metrics=metrics
         )
         self.engine = engine
+        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
         self.queue = AsyncJobQueue(self.model, clock=clock, backoff=self.backoff)
         self._stop: asyncio.Event | None = None
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, text
 
 from .._clock import Clock
-from .._connect_args import listen_connect_args
+from .._connect_args import describe, in_use, interrupt, listen_connect_args
 from .._exceptions import InvalidArgument
 from .._pooler import PROBE_NOTIFY_SQL
 from .._sqlstate import is_bad_data
@@ -30,7 +30,7 @@ from ..queue._executors import Op, _drive
 from ..queue._results import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import HeldConnection, can_hold
-from ._driver import Chore, DriverBase, Interrupted, KeeperPlan
+from ._driver import FINAL_WRITE_TIMEOUT, Chore, DriverBase, Interrupted, KeeperPlan
 from ._retry import call_retrying
 from ._settings import check_engine
 from ._spans import end_job_span, job_span
@@ -81,8 +81,12 @@ class Worker(DriverBase[Engine]):
     On SIGTERM or SIGINT (or `stop`) it stops claiming, cancels the running jobs' tokens
     (reason ``shutdown``), lets them finish for up to ``grace`` seconds, then releases the
     rest back to ``pending`` without counting the attempt. A second signal skips the grace
-    period. A lost connection or a restarting server is retried with backoff, forever while
-    running; nothing is written twice (every write is fenced).
+    period. A statement still hanging once the grace period is over (a dead network, a
+    lock) is cancelled and its socket shut down: `run` returns, and the jobs it could not
+    release keep leases that expire (the reclaimer returns them). The engine's connections
+    get the client-side timeouts of `sa_outbox.connect_args` it leaves unset. A lost
+    connection or a restarting server is retried with backoff, forever while running;
+    nothing is written twice (every write is fenced).
 
     While it runs, the loop keeps one connection of the engine's pool for its batches (in
     autocommit mode; a write with follow-up jobs, retries or failures gives it back and takes
@@ -146,6 +150,16 @@ class Worker(DriverBase[Engine]):
         self.listener: Listener | None = None
         #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
         self.listening = threading.Event()
+        # Set when `run` ends (the grace period's watch, `_watch`, then ends too).
+        self._done = threading.Event()
+        self._stop_requested_at: float | None = None  # time.monotonic() at the first stop()
+        self._loop_ident: int | None = None
+        self._keeper_ident: int | None = None
+        # What the loop and the keeper wait on, since when (time.monotonic()): `_stuck`.
+        self._db_since: float | None = None
+        self._db_operation = ""
+        self._chore_since: float | None = None
+        self._chore = ""
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -160,9 +174,12 @@ class Worker(DriverBase[Engine]):
                 raise InvalidArgument("this worker is already running")
             self._running = True
             self._stop_requested = False
+            self._stop_requested_at = None
             self._give_up_at = None
             self._hard_stop.clear()
             self._start_run()
+            self._done.clear()
+            self.core.dropped_ids.clear()
         try:
             self._connect_first()
         except BaseException:
@@ -172,16 +189,22 @@ class Worker(DriverBase[Engine]):
         restore = self._install_signals() if self.install_signal_handlers else None
         keeper = threading.Thread(target=self._keep, name="sa-outbox-keeper", daemon=True)
         keeper_stop = self._keeper_stop = threading.Event()
+        watch = threading.Thread(target=self._watch, name="sa-outbox-grace", daemon=True)
+        self._loop_ident = threading.get_ident()
         s = self.settings
         self._log_start()
+        interrupted = False
         try:
             keeper.start()
+            self._keeper_ident = keeper.ident
+            watch.start()
             if s.listen:
                 self._start_listener()
             self._hold = can_hold(self.engine)
             try:
                 self._loop()
             except Interrupted:
+                interrupted = True
                 with self._cond:
                     unwritten = self.core.unfinished()
                 log.warning(
@@ -200,12 +223,15 @@ class Worker(DriverBase[Engine]):
             if self.listener is not None:
                 self.listener.stop()
                 self.listener = None
-            keeper.join(5.0)
+            self._join_keeper(keeper)
+            self._done.set()
             if restore is not None:
                 restore()
             self.close()
             with self._cond:
                 self._running = False
+                if not interrupted:
+                    self._log_abandoned()
             log.info("worker %s stopped", s.worker_id)
 
     def _release_after_failure(self) -> None:
@@ -226,7 +252,7 @@ class Worker(DriverBase[Engine]):
 
         def attempt() -> None:
             with self.engine.connect() as conn:
-                self._warn_without_keepalives(conn.connection.dbapi_connection)
+                self._warn_without_keepalives(conn.connection)
 
         self._in_database = True
         try:
@@ -318,6 +344,9 @@ class Worker(DriverBase[Engine]):
 
         main = threading.current_thread() is threading.main_thread()
         self._in_database = main
+        loop = threading.get_ident() == self._loop_ident
+        if loop:
+            self._db_operation, self._db_since = operation, time.monotonic()
         try:
             return call_retrying(
                 attempt,
@@ -329,6 +358,8 @@ class Worker(DriverBase[Engine]):
         finally:
             if main:
                 self._in_database = False
+            if loop:
+                self._db_since = None
 
     def _sleep(self, seconds: float) -> None:
         self._hard_stop.wait(seconds)
@@ -394,6 +425,7 @@ class Worker(DriverBase[Engine]):
                 prune=self._next_prune is not None,
                 schedule=self._schedule_is_due(),
             ):
+                self._chore, self._chore_since = chore, time.monotonic()
                 try:
                     chores[chore]()
                 except Exception as exc:
@@ -401,6 +433,8 @@ class Worker(DriverBase[Engine]):
                     plan.done(chore, now, ok=False)
                 else:
                     plan.done(chore, now, ok=True)
+                finally:
+                    self._chore_since = None
             self._keeper_stop.wait(self._keeper_wait(plan, vacuum_interval))
 
     # -- the listener --------------------------------------------------------------------
@@ -458,8 +492,98 @@ class Worker(DriverBase[Engine]):
             worker.run()  # returns after a minute, and the grace period
         """
         with self._cond:
+            if self._stop_requested_at is None:
+                self._stop_requested_at = time.monotonic()
             self._request_stop(now)
             self._cond.notify_all()
+
+    # -- the grace period: what it waits for, and what is stuck past it -------------------
+
+    def _watch(self) -> None:
+        """The grace period's watch (a thread of `run`): at the stop request it logs what the
+        worker waits for; once the grace period is over, a statement the loop still waits
+        on (a network that stopped answering, a lock) is broken — cancelled, its socket shut
+        down — so that `run` returns instead of waiting as long as TCP allows."""
+        # It polls the stop request: a signal handler must not take a lock (an Event's) that
+        # the same handler, interrupted by a second signal, may be holding.
+        while self._stop_requested_at is None:
+            if self._done.wait(0.25):
+                return
+        with self._cond:
+            self._log_stopping(self._stuck())
+        deadline = self._stop_requested_at + self.settings.grace
+        if self._done.wait(max(0.0, deadline - time.monotonic())):
+            return
+        while not self._done.is_set():
+            since = self._db_since
+            if since is not None:
+                # A statement begun before the end of the grace period gets a second more;
+                # the final write (the releases of the jobs still running) a few seconds.
+                limit = 1.0 if since < deadline else FINAL_WRITE_TIMEOUT
+                if time.monotonic() - max(since, deadline) >= limit:
+                    self._break_loop(since)
+                    return
+            self._done.wait(0.1)
+
+    def _stuck(self) -> list[str]:
+        """What the loop and the keeper wait on for more than half a second, for the log."""
+        now = time.monotonic()
+        stuck = []
+        for who, ident, since, what in (
+            ("its loop", self._loop_ident, self._db_since, self._db_operation),
+            ("its keeper", self._keeper_ident, self._chore_since, self._chore),
+        ):
+            if ident is None or since is None or now - since < 0.5:
+                continue
+            connections = in_use(self.engine, [ident])
+            where = describe(connections[0]) if connections else "a connection being opened"
+            stuck.append(f"{who} waits on a statement ({what}, {now - since:.1f} s) on {where}")
+        return stuck
+
+    def _break_loop(self, since: float) -> None:
+        with self._cond:
+            self._request_stop(True)  # give up writing: the next failure ends the loop
+            self._cond.notify_all()
+        ident = self._loop_ident
+        connections = [] if ident is None else in_use(self.engine, [ident])
+        waited = time.monotonic() - since
+        if not connections:
+            log.warning(
+                "worker %s: grace period over; its loop still waits on the database (%s, "
+                "%.1f s): connecting, which connect_timeout bounds",
+                self.worker_id,
+                self._db_operation,
+                waited,
+            )
+        for conn in connections:
+            where = describe(conn)
+            done = interrupt(conn)
+            log.warning(
+                "worker %s: grace period over; its loop still waited on a statement (%s, "
+                "%.1f s) on %s: %s",
+                self.worker_id,
+                self._db_operation,
+                waited,
+                where,
+                done,
+            )
+
+    def _join_keeper(self, keeper: threading.Thread) -> None:
+        # The keeper ends after its chore; one stuck on a dead network is broken after a
+        # second (its connection's socket shut down), and waited for a few seconds more.
+        keeper.join(1.0)
+        if not keeper.is_alive() or keeper.ident is None:
+            return
+        for conn in in_use(self.engine, [keeper.ident]):
+            where = describe(conn)
+            log.warning(
+                "worker %s: its keeper still waits on a statement (%s) on %s: %s",
+                self.worker_id,
+                self._chore,
+                where,
+                interrupt(conn),
+            )
+        keeper.join(5.0)
 
     def _install_signals(self) -> Callable[[], None] | None:
         if threading.current_thread() is not threading.main_thread():
