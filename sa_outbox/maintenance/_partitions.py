@@ -39,6 +39,7 @@ from sqlalchemy.exc import DBAPIError
 from .. import statements as st
 from .._clock import Clock
 from .._exceptions import InvalidArgument
+from .._pooler import prepare_for_pooler
 from .._validation import count, duration
 from ..schema import TABLE_KIND_INFO_KEY, resolve_table
 from ..schema._partition_ddl import (
@@ -314,6 +315,7 @@ def maintain_partitions(
         report.created, report.dropped, report.kept
     """
     plan = _plan(table_or_model, ahead, retention, clock, lock_timeout)
+    prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
     with engine.connect() as conn:
         parent: Table = _run(conn, _locked_parent(plan))
         locked = bool(conn.execute(st.partition_lock(parent)).scalar())
@@ -343,6 +345,7 @@ async def amaintain_partitions(
         report = await amaintain_partitions(async_engine, Job, retention=7 * 86400)
     """
     plan = _plan(table_or_model, ahead, retention, clock, lock_timeout)
+    prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
     async with engine.connect() as conn:
         parent: Table = await _arun(conn, _locked_parent(plan))
         locked = bool((await conn.execute(st.partition_lock(parent))).scalar())

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from .. import statements as st
 from .._clock import Clock
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._pooler import prepare_for_pooler
 from .._validation import count, duration
 from ..schema import JobStatus, resolve_table
 from ..statements._inbox import inbox_table
@@ -224,6 +225,7 @@ class Pruner(_Base):
             inbox=inbox,
         )
         self.engine = engine
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
 
     def run_once(self) -> PruneReport:
         """One round: every batch due now; returns what was deleted."""
@@ -271,6 +273,7 @@ class AsyncPruner(_Base):
             inbox=inbox,
         )
         self.engine = engine
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
 
     async def run_once(self) -> PruneReport:
         """See `Pruner.run_once`."""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import statements as st
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._pooler import prepare_for_pooler
 from .._validation import count, duration
 from ..schema import resolve_table
 
@@ -182,6 +183,7 @@ class Vacuumer(_Base):
     ) -> None:
         super().__init__(target, policy, timer)
         self.engine = engine
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
 
     def run_once(self) -> VacuumReport:
         """Read the dead-tuple counts and vacuum what is past the threshold."""
@@ -213,6 +215,7 @@ class AsyncVacuumer(_Base):
     ) -> None:
         super().__init__(target, policy, timer)
         self.engine = engine
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
 
     async def run_once(self) -> VacuumReport:
         """See `Vacuumer.run_once`."""
