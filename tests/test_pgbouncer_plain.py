@@ -13,6 +13,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -28,6 +29,7 @@ from sa_outbox.publishers.callable import CallablePublisher
 from .conftest import Job, OutboxEvent
 from .helpers import event_rows, jobs_by_status, wait_until
 
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 N = 200  # jobs or events: the loop's statements run past psycopg's threshold (5) many times
 WAIT = 60.0  # a bound that proves "did not hang", never reached when green
 
@@ -339,3 +341,27 @@ def test_text_statements_run_on_a_checked_engine(plain: Engine) -> None:
         with plain.connect() as conn:
             for i in range(10):
                 assert conn.execute(text("SELECT :i"), {"i": i}).scalar() == i
+
+
+def test_the_docs_plain_pooled_worker_runs_behind_pgbouncer(
+    pgbouncer_url: str,
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    records: Records,
+) -> None:
+    from .test_docs import blocks
+
+    [block] = [b for b in blocks(DOCS / "pgbouncer.md") if b.snippet == "plain-pooled-worker"]
+    monkeypatch.setenv("DATABASE_URL", pgbouncer_url)
+    page: dict[str, Any] = {"Job": Job}
+    exec(block.compiled(), page)  # enqueues 20 jobs through PgBouncer, on the engine itself
+    worker = page["worker"]
+    try:
+        assert worker.drain(WAIT) == 20
+    finally:
+        worker.close()
+        page["engine"].dispose()
+    assert capsys.readouterr().out.count("sending to") == 20
+    assert records.about_prepared_statements() == []
+    assert jobs_by_status(engine) == {"succeeded": 20}
