@@ -365,3 +365,40 @@ def test_the_docs_plain_pooled_worker_runs_behind_pgbouncer(
     assert capsys.readouterr().out.count("sending to") == 20
     assert records.about_prepared_statements() == []
     assert jobs_by_status(engine) == {"succeeded": 20}
+
+
+async def test_an_async_worker_survives_prepared_statement_errors_and_loses_nothing(
+    unseen_pooler: None, pgbouncer_url: str, engine: Engine, records: Records
+) -> None:
+    url = make_url(pgbouncer_url).set(drivername="postgresql+psycopg_async")
+    plain = create_async_engine(url, pool_size=8)
+    enqueue(engine, N)
+    seen: list[int] = []
+
+    async def ping(job: Any) -> None:
+        seen.append(job.payload["i"])
+
+    worker = AsyncWorker(
+        JobApp(Job, handlers={"ping": ping}),
+        plain,
+        concurrency=8,
+        batch=5,
+        poll_interval=0.05,
+        install_signal_handlers=False,
+        reclaim=False,
+        listen=False,
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(WAIT):
+            while len(seen) < N:
+                await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, WAIT)
+        await plain.dispose()
+    assert pooler_guard(plain).forced
+    assert len([m for m in records.about_prepared_statements() if "prepares" in m]) == 1
+    assert sorted(seen) == list(range(N))
+    assert jobs_by_status(engine) == {"succeeded": N}
+    assert attempts(engine) == {1: N}
