@@ -124,10 +124,12 @@ def prepare_for_pooler(engine: object) -> None:
 
     Every runtime that is handed an engine (`Worker`, `AsyncWorker`, the relays, the
     reclaimers, the maintenance tasks, ``JobQueue.enqueue(engine, …)``) calls it, so a plain
-    ``create_engine(pgbouncer_url)`` works as it is; call it yourself on the engine your
-    application's own sessions use. Calling it again on the same engine does nothing; a
-    direct connection keeps its prepared statements. It adds a pool event listener only
-    (``checkout``), which does not take the statements off psycopg's fast path.
+    ``create_engine(pgbouncer_url)`` works as it is, for the application's sessions on that
+    engine too; an engine the library never sees needs
+    ``connect_args(transaction_pooler=True)``. Calling it again on the same engine does
+    nothing; a direct connection keeps its prepared statements. It adds a pool event
+    listener (``checkout``), not a statement one: the worker's statements stay on psycopg's
+    cursor (`sa_outbox.worker._direct`). Anything but an engine is left alone.
 
     Examples:
         >>> from sqlalchemy import create_engine
@@ -185,7 +187,8 @@ def note_prepared_statement_error(engine: object, error: BaseException) -> bool:
     """After ``error``: if it is `is_prepared_statement_error` (a pooler that the check at
     checkout did not see), psycopg prepares nothing any more on any connection of
     ``engine`` (from their next checkout), and it says so once in the log. Returns whether
-    it was such an error: the caller then retries what failed, on another connection.
+    it was such an error: the caller then retries what failed (its connection was
+    discarded, or goes back to the pool and comes out of it without prepares).
 
     Examples:
         >>> from sqlalchemy import create_engine
