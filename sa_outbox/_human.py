@@ -14,14 +14,11 @@ def age(value: dt.timedelta | None) -> str:
         >>> age(dt.timedelta(seconds=125)), age(dt.timedelta(days=2, hours=4)), age(None)
         ('2m05s', '2d04h', '-')
         >>> age(dt.timedelta(milliseconds=250))
-        '0.25s'
+        '0s'
     """
     if value is None:
         return "-"
-    total = max(0.0, value.total_seconds())
-    if 0 < total < 1:
-        return f"{total:.2f}".rstrip("0").rstrip(".") + "s"
-    seconds = int(total)
+    seconds = max(0, int(value.total_seconds()))
     if seconds < 60:
         return f"{seconds}s"
     minutes, seconds = divmod(seconds, 60)

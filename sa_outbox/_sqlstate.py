@@ -4,7 +4,8 @@ Three answers, used by every runtime that talks to the database on its own:
 
 - `is_transient`: worth retrying after a wait (the connection was lost; the server is
   restarting, shutting down or refusing connections; a serialization failure or deadlock;
-  a lock or statement timeout; too many connections). A worker rides these out.
+  a lock or statement timeout; too many connections; a prepared statement a transaction
+  pooler moved). A worker rides these out.
 - `is_configuration_error`: the database, the role or the password is wrong: retrying
   cannot help, and a worker stops at start-up with a one-line message.
 - `is_bad_data`: the statement's own values were refused (data exceptions, program limits
@@ -33,10 +34,13 @@ __all__ = ["is_bad_data", "is_configuration_error", "is_transient", "sqlstate_of
 
 #: Classes and codes worth a retry: 08 connection exceptions; 40001 serialization failure,
 #: 40P01 deadlock; 53300 too many connections; 55P03 lock not available (lock_timeout);
-#: 57014 query canceled (statement_timeout); 57P01-03 admin/crash shutdown, cannot connect now.
+#: 57014 query canceled (statement_timeout); 57P01-03 admin/crash shutdown, cannot connect now;
+#: 42P05 / 26000 a prepared statement that already exists / does not exist: psycopg's, moved
+#: between server connections by a transaction pooler, retried once it prepares nothing more
+#: (sa_outbox._pooler.note_prepared_statement_error).
 _TRANSIENT_CLASSES = frozenset({"08"})
 _TRANSIENT_CODES = frozenset(
-    {"40001", "40P01", "53300", "55P03", "57014", "57P01", "57P02", "57P03"}
+    {"40001", "40P01", "53300", "55P03", "57014", "57P01", "57P02", "57P03", "42P05", "26000"}
 )
 #: 22 data exception, 23 integrity constraint violation, 54 program limit exceeded.
 _BAD_DATA_CLASSES = frozenset({"22", "23", "54"})

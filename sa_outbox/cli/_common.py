@@ -17,7 +17,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument, SaOutboxError
 from .._loading import import_target
-from .._pooler import prepare_nothing_behind_a_pooler
+from .._pooler import prepare_for_pooler
 from ..metrics import JsonFormatter
 from ..schema import resolve_table
 from ..worker import JobApp
@@ -84,7 +84,7 @@ def _engine(url: URL, application_name: str | None = None) -> Engine:
         args["application_name"] = application_name  # the URL's own name wins
     try:
         engine = create_engine(url, connect_args=args)
-        prepare_nothing_behind_a_pooler(engine)  # PgBouncer in transaction mode
+        prepare_for_pooler(engine)  # PgBouncer in transaction mode
         return engine
     except ImportError as exc:
         raise CommandError(

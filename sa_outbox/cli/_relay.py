@@ -30,7 +30,7 @@ from .._asyncio_ext import create_async_engine, is_async_engine, is_async_engine
 from .._connect_args import check_listen_url, connect_args
 from .._exceptions import InvalidArgument
 from .._loading import import_target
-from .._pooler import prepare_nothing_behind_a_pooler
+from .._pooler import prepare_for_pooler
 from ..metrics import (
     MetricsUnavailable,
     PrometheusRelayMetrics,
@@ -185,7 +185,7 @@ def load_relay_target(
         url = _resolve_url(database_url)
         if kind == "async":
             engine = create_async_engine(url, connect_args=connect_args())
-            prepare_nothing_behind_a_pooler(engine.sync_engine)
+            prepare_for_pooler(engine)
         else:
             engine = _engine(url)
         made = found(engine)

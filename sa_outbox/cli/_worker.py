@@ -12,7 +12,7 @@ from .._asyncio_ext import create_async_engine
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument
 from .._loading import load_instance
-from .._pooler import prepare_nothing_behind_a_pooler
+from .._pooler import prepare_for_pooler
 from ..metrics import MetricsUnavailable, PrometheusMetrics, QueueStatusCollector, serve_metrics
 from ..statements import WORKER_APPLICATION_PREFIX
 from ..worker import AsyncWorker, JobApp, Supervisor, Worker
@@ -228,7 +228,7 @@ async def _run_async(app: JobApp, url: URL, options: dict[str, object], name: st
     if "application_name" not in url.query:  # the URL's own name wins
         args["application_name"] = name
     engine = create_async_engine(url, connect_args=args)
-    prepare_nothing_behind_a_pooler(engine.sync_engine)
+    prepare_for_pooler(engine)
     try:
         await AsyncWorker(app, engine, **options).run()  # type: ignore[arg-type]
     finally:

@@ -40,6 +40,7 @@ from .. import statements as st
 from .._clock import Clock
 from .._connect_args import harden
 from .._exceptions import InvalidArgument
+from .._pooler import prepare_for_pooler
 from .._validation import count, duration
 from ..schema import TABLE_KIND_INFO_KEY, resolve_table
 from ..schema._partition_ddl import (
@@ -316,6 +317,7 @@ def maintain_partitions(
     """
     plan = _plan(table_or_model, ahead, retention, clock, lock_timeout)
     harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+    prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
     with engine.connect() as conn:
         parent: Table = _run(conn, _locked_parent(plan))
         locked = bool(conn.execute(st.partition_lock(parent)).scalar())
@@ -346,6 +348,7 @@ async def amaintain_partitions(
     """
     plan = _plan(table_or_model, ahead, retention, clock, lock_timeout)
     harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+    prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
     async with engine.connect() as conn:
         parent: Table = await _arun(conn, _locked_parent(plan))
         locked = bool((await conn.execute(st.partition_lock(parent))).scalar())

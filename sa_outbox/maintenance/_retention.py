@@ -29,6 +29,7 @@ from .. import statements as st
 from .._clock import Clock
 from .._connect_args import harden
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._pooler import prepare_for_pooler
 from .._validation import count, duration
 from ..schema import JobStatus, resolve_table
 from ..statements._inbox import inbox_table
@@ -226,6 +227,7 @@ class Pruner(_Base):
         )
         self.engine = engine
         harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
 
     def run_once(self) -> PruneReport:
         """One round: every batch due now; returns what was deleted."""
@@ -274,6 +276,7 @@ class AsyncPruner(_Base):
         )
         self.engine = engine
         harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
 
     async def run_once(self) -> PruneReport:
         """See `Pruner.run_once`."""

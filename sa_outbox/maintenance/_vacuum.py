@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .. import statements as st
 from .._connect_args import harden
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._pooler import prepare_for_pooler
 from .._validation import count, duration
 from ..schema import resolve_table
 
@@ -184,6 +185,7 @@ class Vacuumer(_Base):
         super().__init__(target, policy, timer)
         self.engine = engine
         harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
 
     def run_once(self) -> VacuumReport:
         """Read the dead-tuple counts and vacuum what is past the threshold."""
@@ -216,6 +218,7 @@ class AsyncVacuumer(_Base):
         super().__init__(target, policy, timer)
         self.engine = engine
         harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
 
     async def run_once(self) -> VacuumReport:
         """See `Vacuumer.run_once`."""

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from .._exceptions import SaOutboxError
+from .._pooler import prepare_for_pooler
 from ..queue import queue_status
 from ..queue._results import ClaimedEvent, ClaimedJob
 from ..relay import PublishOutcome, RelayMetrics, RelayReport
@@ -251,6 +252,7 @@ class QueueStatusCollector(Collector):
     ) -> None:
         _require()
         self.engine = engine
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
         self.jobs = jobs
         self.outbox = outbox
 

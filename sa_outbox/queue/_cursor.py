@@ -35,6 +35,8 @@ from sqlalchemy.orm import Session, scoped_session
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from .._pooler import prepare_for_pooler
+
 __all__ = ["NOT_RUN", "DriverInsert"]
 
 
@@ -150,6 +152,7 @@ class DriverInsert:
             raise
 
     def _autocommit(self, engine: Engine, values: dict[str, Any]) -> Any:
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
         proxied = engine.raw_connection()
         try:
             driver: Any = proxied.driver_connection

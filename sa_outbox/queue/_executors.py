@@ -22,6 +22,7 @@ from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import LeaseLost
 from .._json import fast_compact_json
+from .._pooler import prepare_for_pooler
 from .._tracing import current_trace_headers
 from .._validation import count, name_filter
 from ..schema import JobStatus, resolve_table
@@ -104,6 +105,7 @@ async def _adrive(conn: AsyncConn, op: BoundOp[T]) -> T:
 def _drive_autocommit(engine: Engine, op: BoundOp[T]) -> T:
     """Run ``op`` on a connection of ``engine`` in autocommit: each statement commits itself
     (one round trip each, no BEGIN or COMMIT of their own)."""
+    prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT")
         return _drive(conn, op)
@@ -111,6 +113,7 @@ def _drive_autocommit(engine: Engine, op: BoundOp[T]) -> T:
 
 async def _adrive_autocommit(engine: AsyncEngine, op: BoundOp[T]) -> T:
     """`_drive_autocommit` for an `AsyncEngine`."""
+    prepare_for_pooler(engine)
     async with engine.connect() as conn:
         await conn.execution_options(isolation_level="AUTOCOMMIT")
         return await _adrive(conn, op)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import tenacity
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from .._pooler import note_prepared_statement_error
 from .._validation import storable_text
 from ..queue._executors import Op
 from ..queue._outbox import _OutboxOps
@@ -23,7 +25,7 @@ from ._config import RelaySettings
 from ._plan import BatchPlan, RelayReport
 from ._publisher import EventsRejected, PublisherUnavailable
 
-__all__ = ["LOGGER", "RETRYABLE", "describe", "finish", "retry_wait", "settle"]
+__all__ = ["LOGGER", "RETRYABLE", "describe", "finish", "retry_wait", "retryable", "settle"]
 
 LOGGER = logging.getLogger("sa_outbox.relay")
 #: What the relay's loop backs off from and retries: a broker it cannot reach, and a
@@ -33,6 +35,25 @@ RETRYABLE: tuple[type[BaseException], ...] = (
     OperationalError,
     InterfaceError,
 )
+
+
+def retryable(engine: Any) -> Callable[[BaseException], bool]:
+    """What the relay's loop retries on ``engine``: `RETRYABLE`, and a prepared statement
+    error through a pooler (after which the engine's connections prepare nothing).
+
+    Examples:
+        >>> from sqlalchemy import create_engine
+        >>> retry = retryable(create_engine("postgresql+psycopg://"))
+        >>> retry(PublisherUnavailable("down")), retry(ValueError("bug"))
+        (True, False)
+    """
+
+    def retry(error: BaseException) -> bool:
+        return isinstance(error, RETRYABLE) or note_prepared_statement_error(engine, error)
+
+    return retry
+
+
 #: ``last_error`` keeps at most this many characters of an error.
 MAX_ERROR_LENGTH = 2000
 

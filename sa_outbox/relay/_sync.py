@@ -23,13 +23,14 @@ from .._backoff import Backoff
 from .._clock import Clock
 from .._connect_args import harden
 from .._exceptions import InvalidArgumentType
+from .._pooler import prepare_for_pooler
 from ..maintenance._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, VacuumReport
 from ..queue._executors import _drive
 from ..queue._outbox import _OutboxOps
 from ..queue._results import ClaimedEvent
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
-from ._core import LOGGER, RETRYABLE, describe, finish, retry_wait, settle
+from ._core import LOGGER, describe, finish, retry_wait, retryable, settle
 from ._listen import DEAF_WARNING, SyncListener, WakePipe
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
@@ -169,6 +170,7 @@ class Relay:
         )
         self.engine = engine
         harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
         if metrics is not None and not isinstance(metrics, RelayMetrics):
             raise InvalidArgumentType(
                 f"metrics must be a RelayMetrics (sa_outbox.relay.metrics), got {metrics!r}"
@@ -344,7 +346,7 @@ class Relay:
     def _cycle_with_retries(self) -> RelayReport | None:
         s = self.settings
         retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(RETRYABLE),
+            retry=tenacity.retry_if_exception(retryable(self.engine)),
             wait=retry_wait(s),
             stop=lambda _state: self._stopping.is_set(),
             sleep=self._pause,

@@ -21,6 +21,7 @@ from sqlalchemy import URL
 from .._clock import DATABASE_CLOCK, Clock
 from .._connect_args import check_listen_url, harden, unprotected
 from .._exceptions import InvalidArgument, InvalidArgumentType
+from .._pooler import note_prepared_statement_error, prepare_for_pooler
 from .._sqlstate import is_configuration_error
 from ..maintenance._retention import PruneReport, Retention
 from ..maintenance._vacuum import DEFAULT_VACUUM, VacuumPolicy, VacuumReport
@@ -188,6 +189,7 @@ class DriverBase(abc.ABC, Generic[E]):
         harden(engine)
         self.app = app
         self.engine = engine
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
         #: Where the LISTEN connection goes (``None``: the engine's URL), see `listen_url`.
         self.listen_url = check_listen_url(listen_url)
         self._hold = False
@@ -393,6 +395,7 @@ class DriverBase(abc.ABC, Generic[E]):
         return self._give_up_at is not None and self.timer() >= self._give_up_at
 
     def _report_error(self, operation: str, error: BaseException) -> None:
+        note_prepared_statement_error(self.engine, error)  # retried without prepares
         self.core.hook("database_error", operation, error)
 
     def _interrupt_on_signal(self) -> bool:

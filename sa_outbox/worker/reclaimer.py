@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from .._backoff import Backoff
 from .._clock import Clock
 from .._connect_args import harden
+from .._pooler import note_prepared_statement_error, prepare_for_pooler
 from .._validation import count, duration
 from ..queue._job_queue import AsyncJobQueue, JobQueue
 from ..queue._results import ReclaimedJob
@@ -90,6 +91,7 @@ class _Base:
                 log.exception("metrics hook %s raised", name)
 
     def _database_error(self, operation: str, error: BaseException) -> None:
+        note_prepared_statement_error(getattr(self, "engine", None), error)  # see _pooler
         self._hook("database_error", operation, error)
 
 
@@ -120,6 +122,7 @@ class Reclaimer(_Base):
         )
         self.engine = engine
         harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
         self.queue = JobQueue(self.model, clock=clock, backoff=self.backoff)
         self._stop = threading.Event()
 
@@ -180,6 +183,7 @@ class AsyncReclaimer(_Base):
         )
         self.engine = engine
         harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
         self.queue = AsyncJobQueue(self.model, clock=clock, backoff=self.backoff)
         self._stop: asyncio.Event | None = None
 

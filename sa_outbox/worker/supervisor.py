@@ -41,7 +41,7 @@ from .._asyncio_ext import create_async_engine
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument
 from .._loading import load_instance
-from .._pooler import prepare_nothing_behind_a_pooler
+from .._pooler import prepare_for_pooler
 from .._validation import count
 from ..statements import WORKER_APPLICATION_PREFIX
 from ._settings import default_worker_id
@@ -92,7 +92,7 @@ def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, p
 
         async def run_async() -> None:
             engine = create_async_engine(url, connect_args=_named(url, worker_id))
-            prepare_nothing_behind_a_pooler(engine.sync_engine)
+            prepare_for_pooler(engine)
             worker = AsyncWorker(app, engine, worker_id=worker_id, **options)
             loop = asyncio.get_running_loop()
             threading.Thread(
@@ -108,7 +108,7 @@ def _run_child(target: str, url: str, options: dict[str, Any], worker_id: str, p
         asyncio.run(run_async())
         return
     engine = create_engine(url, connect_args=_named(url, worker_id))
-    prepare_nothing_behind_a_pooler(engine)
+    prepare_for_pooler(engine)
     try:
         worker = Worker(app, engine, worker_id=worker_id, **options)
         threading.Thread(target=_watch_parent, args=(parent, worker.stop), daemon=True).start()

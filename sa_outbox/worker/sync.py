@@ -103,7 +103,8 @@ class Worker(DriverBase[Engine]):
         worker = Worker(app, engine, queues=["default", "emails"], concurrency=16)
         worker.run()  # returns after SIGTERM / SIGINT / worker.stop()
 
-        # behind PgBouncer (transaction mode): LISTEN on a direct connection
+        # behind PgBouncer (transaction mode): the engine's connections are checked and
+        # prepare nothing there (sa_outbox._pooler); LISTEN needs a direct connection
         Worker(app, pooled_engine, listen_url="postgresql+psycopg://app@db:5432/app").run()
     """
 
