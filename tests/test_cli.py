@@ -212,8 +212,8 @@ def test_help_lists_the_commands(capsys):
         (["demo", "--jobs", "many"], "argument --jobs: expected a whole number, got 'many'"),
         (["launch"], "invalid choice: 'launch'"),
         (["partitions"], "the following arguments are required: ACTION"),
-        (["partitions", "maintain"], "the following arguments are required: --table"),
-        (["partitions", "maintain", "--table", "m:Job", "--ahead", "0"], "must be more than"),
+        (["partitions", "maintain"], "one of the arguments --model --outbox-model is required"),
+        (["partitions", "maintain", "--model", "m:Job", "--ahead", "0"], "must be more than"),
     ],
 )
 def test_usage_errors_exit_2(argv, message, capsys):

@@ -167,9 +167,9 @@ def test_demo_runs_on_database_url(only_app_url: str, demo_engine: Engine) -> No
 def test_prune_and_health_run_on_database_url(
     only_app_url: str, engine: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["prune", "tests.conftest:Job", "--older-than", "1d"]) == 0
+    assert main(["prune", "--model", "tests.conftest:Job", "--older-than", "1d"]) == 0
     assert capsys.readouterr().out.startswith("pruned 0 succeeded, 0 failed and 0 cancelled jobs")
-    assert main(["health", "tests.conftest:Job"]) == 0
+    assert main(["health", "--model", "tests.conftest:Job"]) == 0
     assert f"{TEST_SCHEMA}.jobs: " in capsys.readouterr().out
 
 
@@ -177,7 +177,7 @@ def test_partitions_maintain_runs_on_database_url(
     only_app_url: str, partitioned: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target = f"{__name__}:PartitionedJob"
-    assert main(["partitions", "maintain", "--table", target]) == 0
+    assert main(["partitions", "maintain", "--model", target]) == 0
     assert capsys.readouterr().out.startswith(f"{PARTITIONED_SCHEMA}.jobs: created ")
 
 
@@ -251,7 +251,7 @@ def test_the_argument_wins_over_both_variables(
 ) -> None:
     monkeypatch.setenv(ENV_DATABASE_URL, "sqlite://")
     monkeypatch.setenv(ENV_APP_DATABASE_URL, "sqlite://")
-    argv = ["health", "tests.conftest:Job", "--database-url", database_url]
+    argv = ["health", "--model", "tests.conftest:Job", "--database-url", database_url]
     assert main(argv) == 0
 
 
@@ -263,10 +263,10 @@ def test_sa_outbox_database_url_wins_over_database_url(
 ) -> None:
     monkeypatch.setenv(ENV_DATABASE_URL, database_url)
     monkeypatch.setenv(ENV_APP_DATABASE_URL, "sqlite://")
-    assert main(["health", "tests.conftest:Job"]) == 0
+    assert main(["health", "--model", "tests.conftest:Job"]) == 0
     monkeypatch.setenv(ENV_DATABASE_URL, "sqlite://")
     monkeypatch.setenv(ENV_APP_DATABASE_URL, database_url)
-    assert main(["health", "tests.conftest:Job"]) == 1
+    assert main(["health", "--model", "tests.conftest:Job"]) == 1
     assert "the database URL is for 'sqlite'" in capsys.readouterr().err
 
 
@@ -274,9 +274,9 @@ def test_sa_outbox_database_url_wins_over_database_url(
     "argv",
     [
         ["worker", "tests.worker_app:app"],
-        ["prune", "tests.conftest:Job", "--older-than", "1d"],
-        ["health", "tests.conftest:Job"],
-        ["partitions", "maintain", "--table", "tests.conftest:Job"],
+        ["prune", "--model", "tests.conftest:Job", "--older-than", "1d"],
+        ["health", "--model", "tests.conftest:Job"],
+        ["partitions", "maintain", "--model", "tests.conftest:Job"],
         ["jobs", "enqueue", "ping", "--payload", "{}", "--model", "tests.conftest:Job"],
         ["relay", "{relay_module}:make_relay"],
     ],

@@ -8,7 +8,8 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL, make_url
@@ -49,6 +50,25 @@ class CommandError(SaOutboxError):
     """
 
     __module__ = "sa_outbox.cli"  # its public home, as tracebacks show it
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of a command (or of an action of one): an argument it does not know is
+    reported by it, with its own usage, not by the top-level parser after it returns.
+
+    Examples:
+        >>> top = argparse.ArgumentParser(prog="sa-outbox")
+        >>> top.add_subparsers(parser_class=CommandParser).add_parser("health").prog
+        'sa-outbox health'
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        found, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return found, extras
 
 
 def database_url(raw: str) -> URL:

@@ -19,6 +19,7 @@ from ._common import (
     ENV_APP_DATABASE_URL,
     ENV_DATABASE_URL,
     CommandError,
+    CommandParser,
     Handler,
     _engine,
     _whole_number,
@@ -108,7 +109,13 @@ def _demo(args: argparse.Namespace) -> int:
 def _add_commands(
     parser: argparse.ArgumentParser,
 ) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-    return parser.add_subparsers(dest="command", metavar="COMMAND", required=True, title="commands")
+    return parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        title="commands",
+        parser_class=CommandParser,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
