@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument, SaOutboxError
@@ -87,15 +87,46 @@ def database_url(raw: str) -> URL:
     """
     try:
         url = make_url(raw)
-    except ArgumentError:
-        raise CommandError(
-            "the database URL could not be parsed; expected something like "
-            "postgresql+psycopg://user:password@host:5432/dbname"
-        ) from None
+    except (ArgumentError, ValueError):
+        raise CommandError(_unparsable(raw)) from None
     backend, _, driver = url.drivername.partition("+")
     if backend not in ("postgresql", "postgres"):
         raise CommandError(f"sa-outbox needs PostgreSQL, but the database URL is for {backend!r}")
-    return url.set(drivername=f"postgresql+{_SYNC_DRIVER.get(driver, driver)}")
+    if url.port is not None and not 0 < url.port < 65536:
+        raise CommandError(f"the database URL's port {url.port} is not between 1 and 65535")
+    url = url.set(drivername=f"postgresql+{_SYNC_DRIVER.get(driver, driver)}")
+    try:
+        url.get_dialect()
+    except NoSuchModuleError:
+        raise CommandError(
+            f"the database URL names an unknown PostgreSQL driver {driver!r}; use "
+            "postgresql+psycopg://user:password@host:5432/dbname (or postgresql://)"
+        ) from None
+    return url
+
+
+def _unparsable(raw: str) -> str:
+    """What is wrong with a URL SQLAlchemy could not parse, without its password.
+
+    Examples:
+        >>> _unparsable("postgresql://app:secret@db:five/app")
+        "the database URL's port 'five' is not a number"
+        >>> _unparsable("postgresql://app@[::1/app")
+        "the database URL's host '[::1' has no closing ']' (an IPv6 address goes in [ ])"
+    """
+    _, scheme, rest = raw.partition("://")
+    host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2] if scheme else ""
+    if host.startswith("[") and "]" not in host:
+        return f"the database URL's host {host!r} has no closing ']' (an IPv6 address goes in [ ])"
+    port = host.rpartition("]")[2] if host.startswith("[") else host
+    if ":" in port:
+        given = port.rpartition(":")[2]
+        if not given.isdigit():
+            return f"the database URL's port {given!r} is not a number"
+    return (
+        "the database URL could not be parsed; expected something like "
+        "postgresql+psycopg://user:password@host:5432/dbname"
+    )
 
 
 def _engine(url: URL, application_name: str | None = None) -> Engine:
