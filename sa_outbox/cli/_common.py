@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument, SaOutboxError
@@ -395,6 +396,39 @@ def _setup_logging(level: str, log_format: str = "text") -> None:
             else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
         )
         logging.basicConfig(level=level, handlers=[handler])
+
+
+def _cannot_connect(url: URL, exc: DBAPIError) -> CommandError:
+    reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    return CommandError(f"cannot connect to {url.render_as_string(hide_password=True)}: {reason}")
+
+
+def connect_once(engine: Engine) -> None:
+    """Open one connection and close it: ``worker`` and ``relay`` do it before they start,
+    so that a wrong URL (a host that does not resolve, a refused port, a wrong password)
+    ends the command at once, in one line, instead of being retried as an outage is.
+
+    Examples:
+        connect_once(engine)  # CommandError: cannot connect to postgresql+psycopg://…: …
+    """
+    try:
+        with engine.connect():
+            pass
+    except DBAPIError as exc:
+        raise _cannot_connect(engine.url, exc) from exc
+
+
+async def connect_once_async(engine: AsyncEngine) -> None:
+    """`connect_once` on an `AsyncEngine`.
+
+    Examples:
+        await connect_once_async(engine)
+    """
+    try:
+        async with engine.connect():
+            pass
+    except DBAPIError as exc:
+        raise _cannot_connect(engine.url, exc) from exc
 
 
 def _database_error(url: URL, exc: DBAPIError) -> CommandError:
