@@ -95,6 +95,9 @@ def _demo(args: argparse.Namespace) -> int:
             "and deleted at exit)"
         )
     engine = _engine(url)
+    # Said before the work starts: the one sign of life during a long run, and what a
+    # script waits for before it may interrupt.
+    print(f"running the demo with {args.jobs:,} jobs (Ctrl-C stops it)", flush=True)
     try:
         report = run_demo(engine, jobs=args.jobs)
     except DBAPIError as exc:
