@@ -9,6 +9,8 @@ import sys
 from sqlalchemy.exc import DBAPIError
 
 from .._exceptions import SaOutboxError
+from .._human import age as human_age
+from .._human import moment, size
 from ..maintenance._health import HealthReport, TableHealth, table_health
 from ..maintenance._partitions import DEFAULT_AHEAD, PartitionReport, maintain_partitions
 from ..maintenance._retention import Pruner, PruneReport, Retention
@@ -224,7 +226,7 @@ def _add_health(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def _format_table(health: TableHealth) -> list[str]:
     def when(value: dt.datetime | None) -> str:
-        return "never" if value is None else value.isoformat(timespec="seconds")
+        return "never" if value is None else f"{moment(value)} UTC"
 
     rows = ", ".join(f"{name} {n}" for name, n in health.rows.items())
     lines = [
@@ -232,13 +234,17 @@ def _format_table(health: TableHealth) -> list[str]:
         f"  live tuples {health.live_tuples}, dead tuples {health.dead_tuples}",
         f"  last vacuum {when(health.last_vacuum)}, autovacuum {when(health.last_autovacuum)}",
         f"  last analyze {when(health.last_analyze)}, autoanalyze {when(health.last_autoanalyze)}",
-        f"  size {health.total_bytes} bytes (table {health.table_bytes}, "
-        f"indexes {health.index_bytes})",
+        f"  size {size(health.total_bytes)} (table {size(health.table_bytes)}, "
+        f"indexes {size(health.index_bytes)})",
     ]
     if health.rows.keys() >= {"pending"}:
         age = health.oldest_pending_age
-        lines.append(f"  oldest ready pending job: {'none' if age is None else age}")
+        lines.append(f"  oldest ready pending job: {'none' if age is None else human_age(age)}")
     return lines
+
+
+def _utc(value: dt.datetime | None) -> str:
+    return "-" if value is None else f"{moment(value)} UTC"
 
 
 def _format_health(report: HealthReport) -> str:
@@ -252,8 +258,8 @@ def _format_health(report: HealthReport) -> str:
     else:
         lines.append(
             f"xmin horizon held by pid {holder.pid} ({holder.state}): {holder.xmin_age} "
-            f"transactions old, transaction open for {holder.transaction_age}, "
-            f"query started {holder.query_start}"
+            f"transactions old, transaction open for {human_age(holder.transaction_age)}, "
+            f"query started {_utc(holder.query_start)}"
         )
     return "\n".join(lines)
 
