@@ -6,10 +6,16 @@ that command, with its own usage. Real PostgreSQL; each pruning test counts what
 from __future__ import annotations
 
 import datetime as dt
+import re
+import shlex
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, func, insert, select
+
+from sa_outbox.cli import build_parser
 
 from .conftest import TEST_SCHEMA
 from .helpers import cli_exit
@@ -31,6 +37,7 @@ from .test_retention import (
     seed,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 JOBS_TABLE = ["--jobs-table", f"{TEST_SCHEMA}.jobs"]
 OUTBOX_TABLE = ["--outbox-table", f"{TEST_SCHEMA}.outbox"]
 JOB = "--model TARGET | --jobs-table [SCHEMA.]TABLE"
@@ -187,3 +194,39 @@ def test_health_reflects_the_tables_by_name(
     assert f"{EVENTS.fullname}: " in out and f"{JOBS.fullname}: " not in out
     code, out, err = run(capsys, "health", "--database-url", database_url)
     assert code == 1 and "give the job table (--model" in err
+
+
+def documented_command_lines() -> list[tuple[str, str]]:
+    """Every ``sa-outbox …`` line of a sh or console block in the README and docs/, with
+    its continuation lines joined and its comment cut: (where, line)."""
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        fence = None
+        lines = page.read_text().splitlines()
+        number = 0
+        while number < len(lines):
+            line = lines[number]
+            number += 1
+            if line.startswith("```"):
+                fence = None if fence is not None else line[3:].strip()
+                continue
+            if fence not in ("sh", "console", "bash", "shell"):
+                continue
+            text = line.removeprefix("$ ") if fence == "console" else line
+            if not text.startswith("sa-outbox ") or (fence == "console" and text == line):
+                continue  # in a console block, a line without its prompt is output
+            where = f"{page.name}:{number}"
+            while text.endswith("\\") and number < len(lines):
+                text = text[:-1] + " " + lines[number].strip()
+                number += 1
+            found.append((where, text.split(" #")[0].strip()))
+    return found
+
+
+@pytest.mark.parametrize(("where", "line"), documented_command_lines(), ids=lambda v: v)
+def test_every_documented_command_line_parses(where: str, line: str) -> None:
+    argv = [re.sub(r"^[A-Z]+_ID$", str(uuid.UUID(int=1)), arg) for arg in shlex.split(line)]
+    try:
+        build_parser().parse_args(argv[1:])
+    except SystemExit as exit_:
+        raise AssertionError(f"{where}: {line!r} is refused by the parser") from exit_
