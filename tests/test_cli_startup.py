@@ -17,6 +17,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 from sa_outbox import NewJob
+from sa_outbox.cli import main
 from sa_outbox.statements import WORKER_APPLICATION_PREFIX
 
 from .helpers import wait_until
@@ -141,3 +142,16 @@ def test_a_connection_lost_after_the_start_is_still_ridden_out(
     assert [line[0] for line in ledger_lines(ledger)] == [str(first), str(second)]
     assert counts(engine) == {"succeeded": 2}
     assert worker_schema == SCHEMA
+
+
+def test_a_listen_url_that_cannot_connect_ends_the_worker_in_one_line(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    listen = "postgresql://app:hunter2@127.0.0.1:1/app"
+    argv = ["worker", "tests.worker_app:app", "--database-url", database_url]
+    assert main([*argv, "--listen-url", listen, "--log-level", "ERROR"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "sa-outbox worker: error: cannot connect to postgresql+psycopg://app:***@127.0.0.1:1/app: "
+    )
+    assert err.count("\n") == 1 and "hunter2" not in err
