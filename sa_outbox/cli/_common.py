@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -353,11 +354,14 @@ def _add_command(
     description: str,
     epilog: str,
 ) -> argparse.ArgumentParser:
-    """A command (or an action of one) whose description and examples print as written."""
+    """A command (or an action of one) whose examples print as written, after its
+    description wrapped as argparse would."""
     return commands.add_parser(
         name,
         help=help,
-        description=description,
+        description=textwrap.fill(
+            description, width=79, break_on_hyphens=False, break_long_words=False
+        ),
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
