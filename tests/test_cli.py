@@ -5,14 +5,17 @@ The demo owns the schema ``sa_outbox_demo``; every check reads the rows back fro
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, create_engine, func, inspect, select
 from sqlalchemy.schema import DropSchema
 
 import sa_outbox
@@ -215,8 +218,8 @@ def test_help_lists_the_commands(capsys):
         (["demo", "--jobs", "many"], "argument --jobs: expected a whole number, got 'many'"),
         (["launch"], "invalid choice: 'launch'"),
         (["partitions"], "the following arguments are required: ACTION"),
-        (["partitions", "maintain"], "the following arguments are required: --table"),
-        (["partitions", "maintain", "--table", "m:Job", "--ahead", "0"], "must be more than"),
+        (["partitions", "maintain"], "one of the arguments --model --outbox-model is required"),
+        (["partitions", "maintain", "--model", "m:Job", "--ahead", "0"], "must be more than"),
     ],
 )
 def test_usage_errors_exit_2(argv, message, capsys):
@@ -238,3 +241,47 @@ def test_python_m_sa_outbox_runs_the_demo(demo_engine, database_url):
     assert done.returncode == 0, done.stderr
     assert "jobs       pending 0, running 0, succeeded 25, failed 1" in done.stdout
     assert status_counts(demo_engine) == {"succeeded": 25, "failed": 1}
+
+
+def demo_rows(engine: Engine) -> tuple[int, int]:
+    """(jobs, outbox events) in the demo's schema; (0, 0) before it made its tables."""
+    with engine.connect() as conn:
+        if not inspect(conn).has_table("jobs", schema=DEMO_SCHEMA):
+            return 0, 0
+        jobs = conn.execute(select(func.count()).select_from(Job.__table__)).scalar_one()
+        events = conn.execute(select(func.count()).select_from(OutboxEvent.__table__))
+        return jobs, events.scalar_one()
+
+
+@pytest.mark.parametrize("after", [0.0, 0.5, 2.0])
+def test_ctrl_c_stops_the_demo_with_status_130(
+    demo_engine: Engine, database_url: str, after: float
+) -> None:
+    """SIGINT (what Ctrl-C sends) once the demo says it runs, or a little later: it stops
+    then, with 130 and one line, and leaves its one transaction of jobs whole or absent."""
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_DATABASE_URL, ENV_APP_DATABASE_URL)}
+    argv = ["demo", "--database-url", database_url, "--jobs", "100000"]
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "sa_outbox", *argv],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert demo.stdout is not None
+        line = demo.stdout.readline()
+        assert line == "running the demo with 100,000 jobs (Ctrl-C stops it)\n", line
+        time.sleep(after)  # the moment of the Ctrl-C only, not a synchronisation
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=60)  # promptly: well before 100,000 jobs are done
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 130, out + err
+    assert err == "sa-outbox demo: interrupted\n"
+    assert "sa-outbox demo on" not in out  # no summary: it did not run on to the end
+    jobs, events = demo_rows(demo_engine)
+    assert (jobs, events) in {(0, 0), (100_001, 1)}  # the enqueue's transaction: all or none

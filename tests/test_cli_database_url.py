@@ -167,9 +167,9 @@ def test_demo_runs_on_database_url(only_app_url: str, demo_engine: Engine) -> No
 def test_prune_and_health_run_on_database_url(
     only_app_url: str, engine: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["prune", "tests.conftest:Job", "--older-than", "1d"]) == 0
+    assert main(["prune", "--model", "tests.conftest:Job", "--older-than", "1d"]) == 0
     assert capsys.readouterr().out.startswith("pruned 0 succeeded, 0 failed and 0 cancelled jobs")
-    assert main(["health", "tests.conftest:Job"]) == 0
+    assert main(["health", "--model", "tests.conftest:Job"]) == 0
     assert f"{TEST_SCHEMA}.jobs: " in capsys.readouterr().out
 
 
@@ -177,7 +177,7 @@ def test_partitions_maintain_runs_on_database_url(
     only_app_url: str, partitioned: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target = f"{__name__}:PartitionedJob"
-    assert main(["partitions", "maintain", "--table", target]) == 0
+    assert main(["partitions", "maintain", "--model", target]) == 0
     assert capsys.readouterr().out.startswith(f"{PARTITIONED_SCHEMA}.jobs: created ")
 
 
@@ -251,7 +251,7 @@ def test_the_argument_wins_over_both_variables(
 ) -> None:
     monkeypatch.setenv(ENV_DATABASE_URL, "sqlite://")
     monkeypatch.setenv(ENV_APP_DATABASE_URL, "sqlite://")
-    argv = ["health", "tests.conftest:Job", "--database-url", database_url]
+    argv = ["health", "--model", "tests.conftest:Job", "--database-url", database_url]
     assert main(argv) == 0
 
 
@@ -263,10 +263,10 @@ def test_sa_outbox_database_url_wins_over_database_url(
 ) -> None:
     monkeypatch.setenv(ENV_DATABASE_URL, database_url)
     monkeypatch.setenv(ENV_APP_DATABASE_URL, "sqlite://")
-    assert main(["health", "tests.conftest:Job"]) == 0
+    assert main(["health", "--model", "tests.conftest:Job"]) == 0
     monkeypatch.setenv(ENV_DATABASE_URL, "sqlite://")
     monkeypatch.setenv(ENV_APP_DATABASE_URL, database_url)
-    assert main(["health", "tests.conftest:Job"]) == 1
+    assert main(["health", "--model", "tests.conftest:Job"]) == 1
     assert "the database URL is for 'sqlite'" in capsys.readouterr().err
 
 
@@ -274,9 +274,9 @@ def test_sa_outbox_database_url_wins_over_database_url(
     "argv",
     [
         ["worker", "tests.worker_app:app"],
-        ["prune", "tests.conftest:Job", "--older-than", "1d"],
-        ["health", "tests.conftest:Job"],
-        ["partitions", "maintain", "--table", "tests.conftest:Job"],
+        ["prune", "--model", "tests.conftest:Job", "--older-than", "1d"],
+        ["health", "--model", "tests.conftest:Job"],
+        ["partitions", "maintain", "--model", "tests.conftest:Job"],
         ["jobs", "enqueue", "ping", "--payload", "{}", "--model", "tests.conftest:Job"],
         ["relay", "{relay_module}:make_relay"],
     ],
@@ -289,3 +289,65 @@ def test_without_any_url_each_command_names_all_three(
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err == f"sa-outbox {argv[0]}: error: {NO_URL}\n"
+
+
+MALFORMED = [
+    (
+        "postgresql+psycopg://app:hunter2@db:notaport/app",
+        "the database URL's port 'notaport' is not a number",
+    ),
+    (
+        "postgresql://app:hunter2@[::1/app",
+        "the database URL's host '[::1' has no closing ']' (an IPv6 address goes in [ ])",
+    ),
+    (
+        "postgresql+nosuch://app:hunter2@db/app",
+        "the database URL names an unknown PostgreSQL driver 'nosuch'",
+    ),
+    (
+        "postgresql://app:hunter2@db:70000/app",
+        "the database URL's port 70000 is not between 1 and 65535",
+    ),
+]
+
+EVERY_COMMAND = [
+    ["demo"],
+    ["worker", "tests.worker_app:app"],
+    ["relay", "{relay_module}:make_relay"],
+    ["prune", "--model", "tests.conftest:Job", "--older-than", "1d"],
+    ["health", "--model", "tests.conftest:Job"],
+    ["partitions", "maintain", "--model", "tests.conftest:Job"],
+    ["jobs", "enqueue", "ping", "--payload", "{}", "--model", "tests.conftest:Job"],
+    ["jobs", "list", "--jobs-table", "public.jobs"],
+    ["status", "--model", "tests.conftest:Job"],
+    ["queues", "--model", "tests.conftest:Job"],
+    ["outbox", "list", "--outbox-model", "tests.conftest:OutboxEvent"],
+    ["dashboard", "--model", "tests.conftest:Job"],
+]
+
+
+@pytest.mark.parametrize(("url", "message"), MALFORMED, ids=["port", "ipv6", "driver", "range"])
+@pytest.mark.parametrize("argv", EVERY_COMMAND, ids=lambda argv: " ".join(argv[:2]))
+def test_a_malformed_url_is_one_line_in_every_command(
+    no_url: None,
+    relay_module: str,
+    argv: list[str],
+    url: str,
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [arg.replace("{relay_module}", relay_module) for arg in argv]
+    assert main([*argv, "--database-url", url]) == 1
+    out, err = capsys.readouterr()
+    name = " ".join(argv[:1])
+    assert err.startswith(f"sa-outbox {name}: error: {message}") and err.count("\n") == 1
+    assert "Traceback" not in out + err and "hunter2" not in out + err
+
+
+def test_a_malformed_url_in_the_environment_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    monkeypatch.setenv(ENV_APP_DATABASE_URL, MALFORMED[0][0])
+    assert main(["status", "--model", "tests.conftest:Job"]) == 1
+    assert capsys.readouterr().err == f"sa-outbox status: error: {MALFORMED[0][1]}\n"

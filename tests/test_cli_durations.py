@@ -21,10 +21,16 @@ from .helpers import cli_exit
         (["worker", "m:a", "--lease", "1e300"], "argument --lease: is too large"),
         (["worker", "m:a", "--poll-interval=-inf"], "--poll-interval: must be a finite"),
         (["worker", "m:a", "--poll-interval", "NaN"], "--poll-interval: must be a finite"),
-        (["prune", "m:J", "--older-than", "0d"], "argument --older-than: must be more than"),
-        (["prune", "m:J", "--older-than", "99999999999w"], "--older-than: is too large"),
-        (["prune", "m:J", "--older-than", "1d", "--outbox-older-than", "0s"], "more than zero"),
-        (["partitions", "maintain", "--table", "m:J", "--retention", "0h"], "more than zero"),
+        (
+            ["prune", "--model", "m:J", "--older-than", "0d"],
+            "argument --older-than: must be more than",
+        ),
+        (["prune", "--model", "m:J", "--older-than", "99999999999w"], "--older-than: is too large"),
+        (
+            ["prune", "--model", "m:J", "--older-than", "1d", "--outbox-older-than", "0s"],
+            "more than zero",
+        ),
+        (["partitions", "maintain", "--model", "m:J", "--retention", "0h"], "more than zero"),
         (["jobs", "enqueue", "k", "--payload", "{}", "--model", "m:J", "--delay", "0s"], "zero"),
     ],
 )

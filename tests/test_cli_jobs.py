@@ -80,11 +80,13 @@ def test_a_taken_deduplication_key_is_skipped_and_said_so(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["k", "--payload", "{order: 1}", "--model", MODEL], "argument --payload: not valid JSON"),
-        (["k", "--payload", "NaN", "--model", MODEL], "NaN is not JSON"),
-        (["k", "--payload", '{"x": Infinity}', "--model", MODEL], "Infinity is not JSON"),
         (["k", "--model", MODEL], "the following arguments are required: --payload"),
-        (["k", "--payload", "{}"], "the following arguments are required: --model"),
+        (["k", "--payload", "{}", "--model", MODEL, "--jobs-table", "t"], "not allowed with"),
+        (["k", "--payload", "{}", "--model", MODEL, "--unique-period", "1y"], "a duration"),
+        (
+            ["k", "--payload", "{}", "--model", MODEL, "--unique-key", "a", "--unique-fields", "b"],
+            "argument --unique-fields: not allowed with argument --unique-key",
+        ),
         (["k", "--payload", "{}", "--model", MODEL, "--priority", "high"], "expected a whole"),
         (["k", "--payload", "{}", "--model", MODEL, "--max-attempts", "0"], "more than zero"),
         (["k", "--payload", "{}", "--model", MODEL, "--delay", "soon"], "expected a duration"),
@@ -114,13 +116,36 @@ def test_usage_errors_exit_2_with_one_line(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--payload", "{order: 1}"], "argument --payload: not valid JSON (Expecting property"),
+        (["--payload", "NaN"], "argument --payload: not valid JSON (NaN is not JSON)"),
+        (["--payload", '{"x": Infinity}'], "not valid JSON (Infinity is not JSON)"),
+        (["--payload", "{}", "--unique-states", "pending"], "must include pending and running"),
+    ],
+)
+def test_a_bad_payload_or_unique_option_is_one_line_without_the_usage(
+    engine: Engine, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        enqueue("k", "--model", MODEL, *argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sa-outbox jobs enqueue: error: ") and message in err, err
+    assert err.count("\n") == 1  # no usage before it
+    assert rows(engine) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
         (["k", "--model", "tests.nowhere:Job"], "cannot import 'tests.nowhere'"),
         (["k", "--model", "tests.conftest:Nope"], "'tests.conftest' has no attribute 'Nope'"),
         (["k", "--model", "json:dumps"], "json:dumps is not a job or outbox model"),
         (
             ["k", "--model", "tests.conftest:OutboxEvent"],
-            "tests.conftest:OutboxEvent is an outbox model; jobs enqueue needs the job model",
+            "tests.conftest:OutboxEvent is an outbox model; --model needs the job model",
         ),
+        (["k"], "give the job table: --model myapp.models:Job or --jobs-table SCHEMA.TABLE"),
+        (["k", "--jobs-table", "nowhere.jobs"], "no table nowhere.jobs in the database"),
         (
             ["k", "--model", MODEL, "--database-url", "sqlite://"],
             "the database URL is for 'sqlite'",
@@ -161,6 +186,52 @@ def test_an_unreachable_database_is_one_line_without_the_password(
         "sa-outbox jobs: error: database error on postgresql+psycopg://app:***@127.0.0.1:1/nowhere"
     )
     assert "hunter2" not in err and err.count("\n") == 1
+
+
+def test_the_table_by_name_reflected_from_the_database(
+    engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["ping", "--payload", '{"n": 1}', "--jobs-table", Job.__table__.fullname]
+    assert enqueue(*argv, "--lock-key", "tenant:7") == 0
+    [job] = rows(engine)
+    assert capsys.readouterr().out == f"enqueued job {job.id} (ping, queue default)\n"
+    assert (job.kind, job.payload, job.lock_key) == ("ping", {"n": 1}, "tenant:7")
+
+
+def test_unique_options_skip_a_second_job_while_the_first_holds_the_key(
+    engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unique = ["--unique-fields", "customer_id", "--unique-by-queue", "--unique-period", "1h"]
+    first = ["report", "--payload", '{"customer_id": 7, "month": 5}', "--model", MODEL]
+    assert enqueue(*first, *unique) == 0
+    assert capsys.readouterr().out.startswith("enqueued job ")
+    second = ["report", "--payload", '{"customer_id": 7, "month": 6}', "--model", MODEL]
+    assert enqueue(*second, *unique, "--json") == 0
+    assert json.loads(capsys.readouterr().out) == {"id": None, "inserted": False}
+    assert enqueue(*second, *unique) == 0
+    assert capsys.readouterr().out == "skipped: a job of kind 'report' holds the same unique key\n"
+    # Another queue is another key (--unique-by-queue); another customer too.
+    assert enqueue(*second, *unique, "--queue", "reports") == 0
+    other = ["report", "--payload", '{"customer_id": 8}', "--model", MODEL, *unique]
+    assert enqueue(*other) == 0
+    # --unique-key: the payload plays no part; --unique-states: a failed job keeps the key.
+    keyed = ["--unique-key", "nightly", "--unique-states", "pending,running,failed"]
+    assert enqueue("nightly", "--payload", "1", "--model", MODEL, *keyed) == 0
+    assert enqueue("nightly", "--payload", "2", "--model", MODEL, *keyed) == 0
+    # --unique alone: by the whole payload.
+    assert enqueue("whole", "--payload", "[1]", "--model", MODEL, "--unique") == 0
+    assert enqueue("whole", "--payload", "[1]", "--model", MODEL, "--unique") == 0
+    assert enqueue("whole", "--payload", "[2]", "--model", MODEL, "--unique") == 0
+    capsys.readouterr()
+    found = sorted((r.kind, r.queue, json.dumps(r.payload, sort_keys=True)) for r in rows(engine))
+    assert found == [
+        ("nightly", "default", "1"),
+        ("report", "default", '{"customer_id": 7, "month": 5}'),
+        ("report", "default", '{"customer_id": 8}'),
+        ("report", "reports", '{"customer_id": 7, "month": 6}'),
+        ("whole", "default", "[1]"),
+        ("whole", "default", "[2]"),
+    ]
 
 
 def test_workers_listening_on_the_table_are_notified(engine: Engine) -> None:

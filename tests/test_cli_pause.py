@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -249,6 +250,31 @@ def test_status_and_queues_show_the_paused_queues(
         "later": True,
     }
     assert "paused" not in run(capsys, "queues", "--model", "tests.conftest:Job")[1]
+    assert jobs_by_status(engine) == {"pending": 3}
+
+
+def test_the_queues_columns_stay_aligned_with_the_paused_column(
+    engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    enqueue_three(engine)
+    run(capsys, "queues", "pause", "emails", "--by", "ana", *TARGETS)
+    code, out, _ = run(capsys, "queues", *TARGETS)
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split()[:2] == ["queue", "pending"] and header.split()[-1] == "paused"
+    # Each count ends where its column's name ends (right-aligned), the queue's name starts
+    # where "queue" starts, and the paused flag where "paused" starts.
+    ends = {m.group(): m.end() for m in re.finditer(r"\S+", header)}
+    starts = {m.group(): m.start() for m in re.finditer(r"\S+", header)}
+    for row in rows:
+        queue = row.split()[0]
+        assert row.startswith(queue)
+        for status in ("pending", "running", "succeeded", "failed", "cancelled"):
+            cell = row[starts[status] : ends[status]]
+            assert cell.strip().isdigit() and cell == cell.strip().rjust(len(cell)), (status, row)
+        assert row[ends["min"] - 1] == "0"  # per min, right-aligned under its name
+        flag = row[starts["paused"] :]
+        assert flag == ("paused" if queue == "emails" else ""), row
     assert jobs_by_status(engine) == {"pending": 3}
 
 

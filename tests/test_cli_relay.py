@@ -206,7 +206,7 @@ def test_an_unreachable_database_is_one_line_without_the_password(
     assert main([*argv, "--log-level", "ERROR"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(
-        "sa-outbox relay: error: database error on "
+        "sa-outbox relay: error: cannot connect to "
         "postgresql+psycopg://relay:***@127.0.0.1:1/nowhere: "
     )
     assert "hunter2" not in err and err.count("\n") == 1

@@ -36,11 +36,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "vacuum.md"
 DATABASE = f"docs_vacuum_{os.getpid()}"
 
+_SIZE = r"\d+(?:\.\d)? (?:B|kB|MB|GB|TB)"  # as sa_outbox._human.size prints it
 _REPLACED = [
     (re.compile(r"live tuples \d+"), "live tuples N"),
-    (re.compile(r"size \d+ bytes \(table \d+, indexes \d+\)"), "size N bytes (table N, indexes N)"),
-    (re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?\+00:00"), "TIME"),
-    (re.compile(r"\b(?:\d+ days?, )?\d+:\d{2}:\d{2}(\.\d+)?"), "AGE"),
+    (
+        re.compile(rf"size {_SIZE} \(table {_SIZE}, indexes {_SIZE}\)"),
+        "size N (table N, indexes N)",
+    ),
+    (re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC"), "TIME"),
+    (re.compile(r"\b(?:\d+d\d{2}h|\d+h\d{2}m|\d+m\d{2}s|\d+(?:\.\d+)?s)\b"), "AGE"),
     (re.compile(r"pid \d+"), "pid N"),
     (re.compile(r"\d+ transactions old"), "N transactions old"),
 ]

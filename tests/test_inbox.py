@@ -371,7 +371,7 @@ def test_prune_inbox_refuses_bad_windows_before_any_sql() -> None:
         Retention(inbox=-5)
 
 
-# -- sa-outbox prune --inbox ---------------------------------------------------------------
+# -- sa-outbox prune --inbox-model------------------------------------------------------------
 
 TARGET = "tests.inbox_bed:InboxEntry"
 
@@ -386,7 +386,7 @@ def test_cli_prunes_the_inbox_alone(
     ]
     with engine.begin() as conn:
         conn.execute(insert(INBOX), rows)
-    argv = ["prune", "--inbox", TARGET, "--inbox-older-than", "14d", "--batch", "2"]
+    argv = ["prune", "--inbox-model", TARGET, "--inbox-older-than", "14d", "--batch", "2"]
     assert main([*argv, "--database-url", database_url]) == 0
     assert capsys.readouterr().out == (
         "pruned 0 succeeded, 0 failed and 0 cancelled jobs, 0 published events, "
@@ -398,11 +398,12 @@ def test_cli_prunes_the_inbox_alone(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--inbox", TARGET], "--inbox needs --inbox-older-than"),
-        ([], "give what to prune: TARGET (a job model), --outbox or --inbox"),
-        (["tests.conftest:Job"], "required with TARGET: --older-than"),
-        (["--outbox", "tests.conftest:OutboxEvent"], "--outbox needs --outbox-older-than"),
-        (["--inbox", TARGET, "--inbox-older-than", "0s"], "must be more than"),
+        (["--inbox-model", TARGET], "the inbox needs --inbox-older-than"),
+        (["--inbox-table", "public.inbox"], "the inbox needs --inbox-older-than"),
+        ([], "give what to prune: the job table (--model or --jobs-table), the outbox"),
+        (["--model", "tests.conftest:Job"], "the job table needs --older-than"),
+        (["--outbox-model", "tests.conftest:OutboxEvent"], "the outbox needs --outbox-older"),
+        (["--inbox-model", TARGET, "--inbox-older-than", "0s"], "must be more than"),
     ],
 )
 def test_cli_usage_errors_before_any_sql(
@@ -420,9 +421,14 @@ def test_cli_refuses_a_model_that_is_not_an_inbox(
     engine: Engine, database_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seed(engine, {30 * DAY: 2})
-    argv = ["prune", "--inbox", "tests.conftest:Job", "--inbox-older-than", "1d"]
+    argv = ["prune", "--inbox-model", "tests.conftest:Job", "--inbox-older-than", "1d"]
     assert main([*argv, "--database-url", database_url]) == 1
-    assert "is not an inbox table (no column source, message_id, received_at)" in (
+    assert "tests.conftest:Job is a job model; --inbox-model needs the inbox model" in (
+        capsys.readouterr().err
+    )
+    argv = ["prune", "--inbox-table", f"{TEST_SCHEMA}.jobs", "--inbox-older-than", "1d"]
+    assert main([*argv, "--database-url", database_url]) == 1
+    assert "is not an inbox table (no column message_id, received_at, source)" in (
         capsys.readouterr().err
     )
     assert inbox_count(engine) == 2

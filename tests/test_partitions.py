@@ -658,7 +658,7 @@ def test_the_cli_maintains_and_prints_what_it_did(
                     f" VALUES ('k', '{{}}', '{status}', '{day} 12\\:00+00')"
                 )
             )
-    argv = ["partitions", "maintain", "--table", "tests.test_partitions:PJob"]
+    argv = ["partitions", "maintain", "--model", "tests.test_partitions:PJob"]
     assert main([*argv, "--database-url", database_url, "--retention", "30d"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{SCHEMA}.jobs: created ")
@@ -671,13 +671,13 @@ def test_the_cli_maintains_and_prints_what_it_did(
 def test_the_cli_says_what_is_wrong(
     engine: Engine, database_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["partitions", "maintain", "--database-url", database_url, "--table"]
+    argv = ["partitions", "maintain", "--database-url", database_url, "--model"]
     assert main([*argv, "tests.conftest:Job"]) == 1
     assert "sa-outbox partitions: error: table " in capsys.readouterr().err
     assert main([*argv, "json:dumps"]) == 1
     assert "json:dumps is not a job or outbox model" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
-        main(["partitions", "maintain", "--table", "x:y", "--retention", "7 days"])
+        main(["partitions", "maintain", "--model", "x:y", "--retention", "7 days"])
     assert exit_.value.code == 2
     assert "expected a duration like 7d" in capsys.readouterr().err
 

@@ -466,8 +466,9 @@ SEEDED_EVENTS = {"old published": 12, "recent published": 2, "unpublished": 5}
 
 def test_cli_prunes_in_batches_with_progress(engine, database_url, capsys):
     seed(engine, now=NOW)
-    argv = ["prune", "tests.conftest:Job", "--older-than", "1d", "--failed-older-than", "30d"]
-    argv += ["--outbox", "tests.conftest:OutboxEvent", "--outbox-older-than", "7d"]
+    argv = ["prune", "--model", "tests.conftest:Job", "--older-than", "1d"]
+    argv += ["--failed-older-than", "30d", "--outbox-model", "tests.conftest:OutboxEvent"]
+    argv += ["--outbox-older-than", "7d"]
     argv += ["--batch", "4", "--progress-every", "5", "--database-url", database_url]
     assert main(argv) == 0
     out, err = capsys.readouterr()
@@ -487,7 +488,9 @@ def test_cli_prunes_in_batches_with_progress(engine, database_url, capsys):
 def test_cli_keep_failed_and_the_default_windows(engine, database_url, capsys, monkeypatch):
     seed(engine, now=NOW)
     monkeypatch.setenv(ENV_DATABASE_URL, database_url)
-    assert main(["prune", "tests.conftest:Job", "--older-than", "1d", "--keep-failed"]) == 0
+    assert (
+        main(["prune", "--model", "tests.conftest:Job", "--older-than", "1d", "--keep-failed"]) == 0
+    )
     assert capsys.readouterr().out.startswith("pruned 25 succeeded, 0 failed and 0 cancelled")
     left = {key: n for key, n in SEEDED_JOBS.items() if key != ("succeeded", True)}
     assert job_counts(engine, NOW) == left
@@ -513,7 +516,7 @@ def cancelled_left(engine: Engine) -> dict[bool, int]:
 def test_cli_prunes_cancelled_jobs_past_their_own_window(engine, database_url, capsys):
     seed(engine, now=NOW)
     add_cancelled(engine, {10 * DAY: 6, 2 * DAY: 4})
-    argv = ["prune", "tests.conftest:Job", "--older-than", "1d", "--keep-failed"]
+    argv = ["prune", "--model", "tests.conftest:Job", "--older-than", "1d", "--keep-failed"]
     assert main([*argv, "--cancelled", "5d", "--batch", "4", "--database-url", database_url]) == 0
     assert capsys.readouterr().out.startswith("pruned 25 succeeded, 0 failed and 6 cancelled ")
     assert cancelled_left(engine) == {False: 4}
@@ -524,7 +527,7 @@ def test_cli_prunes_cancelled_jobs_past_their_own_window(engine, database_url, c
 
 def test_cli_cancelled_defaults_to_older_than_and_can_be_kept(engine, database_url, capsys):
     add_cancelled(engine, {10 * DAY: 3, 2 * DAY: 2, dt.timedelta(hours=1): 1})
-    argv = ["prune", "tests.conftest:Job", "--database-url", database_url]
+    argv = ["prune", "--model", "tests.conftest:Job", "--database-url", database_url]
     assert main([*argv, "--older-than", "1d", "--keep-cancelled"]) == 0
     assert "0 cancelled jobs" in capsys.readouterr().out
     assert cancelled_left(engine) == {True: 3, False: 3}
@@ -536,7 +539,7 @@ def test_cli_cancelled_defaults_to_older_than_and_can_be_kept(engine, database_u
 def test_cli_refuses_a_bad_cancelled_window_before_any_sql(engine, capsys):
     add_cancelled(engine, {10 * DAY: 2})
     with pytest.raises(SystemExit) as exit_:
-        main(["prune", "tests.conftest:Job", "--older-than", "1d", "--cancelled", "0s"])
+        main(["prune", "--model", "tests.conftest:Job", "--older-than", "1d", "--cancelled", "0s"])
     assert exit_.value.code == 2
     assert "argument --cancelled/--cancelled-older-than: must be more than" in (
         capsys.readouterr().err
@@ -549,7 +552,7 @@ def test_cli_refuses_a_bad_duration_before_any_sql(engine, bad, capsys):
     seed(engine, now=NOW)
     with pytest.raises(SystemExit) as exit_:
         # no database URL at all: the duration is refused before anything connects
-        main(["prune", "tests.conftest:Job", f"--older-than={bad}"])
+        main(["prune", "--model", "tests.conftest:Job", f"--older-than={bad}"])
     assert exit_.value.code == 2
     assert "expected a duration like 7d, 12h, 30m or 90s" in capsys.readouterr().err
     assert job_counts(engine, NOW) == SEEDED_JOBS
@@ -566,7 +569,10 @@ def test_cli_refuses_a_bad_duration_before_any_sql(engine, bad, capsys):
 )
 def test_cli_refuses_a_bad_target(engine, database_url, target, message, capsys):
     seed(engine, now=NOW)
-    for command in (["prune", target, "--older-than", "1d"], ["health", target]):
+    for command in (
+        ["prune", "--model", target, "--older-than", "1d"],
+        ["health", "--model", target],
+    ):
         assert main([*command, "--database-url", database_url]) == 1
         assert message in capsys.readouterr().err
     assert job_counts(engine, NOW) == SEEDED_JOBS
@@ -575,12 +581,18 @@ def test_cli_refuses_a_bad_target(engine, database_url, target, message, capsys)
 
 def test_cli_health(engine, database_url, capsys):
     seed(engine, now=NOW)
-    argv = ["health", "tests.conftest:Job", "--outbox", "tests.conftest:OutboxEvent"]
+    argv = [
+        "health",
+        "--model",
+        "tests.conftest:Job",
+        "--outbox-model",
+        "tests.conftest:OutboxEvent",
+    ]
     assert main([*argv, "--database-url", database_url]) == 0
     out = capsys.readouterr().out
     assert f"{JOBS.fullname}: pending 4, running 3, succeeded 28, failed 9" in out
     assert f"{EVENTS.fullname}: published 14, unpublished 3, parked 2" in out
     assert "dead tuples" in out and "last vacuum" in out and "indexes" in out
-    assert "oldest ready pending job: 100 days" in out
+    assert "oldest ready pending job: 100d" in out
     assert "xmin horizon" in out
     assert job_counts(engine, NOW) == SEEDED_JOBS

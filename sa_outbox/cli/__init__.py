@@ -9,7 +9,11 @@ they share).
 
 Every command finds the database the same way: ``--database-url URL``, else
 ``$SA_OUTBOX_DATABASE_URL``, else ``$DATABASE_URL`` (`given_database_url`); without any,
-``demo`` starts a temporary embedded PostgreSQL and the others refuse to start.
+``demo`` starts a temporary embedded PostgreSQL and the others refuse to start. Every
+command that reads the tables names them the same way: ``--model TARGET`` or ``--jobs-table
+[SCHEMA.]TABLE`` (the job table), ``--outbox-model`` or ``--outbox-table``, and where they
+apply ``--pause-model`` or ``--pause-table`` and ``--inbox-model`` or ``--inbox-table``: a
+model as ``module:attribute``, or a table's name reflected from the database.
 
 Commands:
 
@@ -33,9 +37,9 @@ Commands:
     no arguments returning one) that carries its own engine: then no URL is read.
 
 ``sa-outbox jobs enqueue KIND --payload JSON --model TARGET [--queue Q] [--priority N] …``
-    Adds one job to the job table of the model at ``TARGET`` and prints its id, or that its
-    ``--dedup-key`` was taken and it was skipped; ``--delay 30s`` or ``--run-at ISO``
-    schedule it, ``--json`` prints ``{"id": …, "inserted": …}``.
+    Adds one job to the job table and prints its id, or that its ``--dedup-key`` (or, with
+    ``--unique…``, its unique key) was taken and it was skipped; ``--delay 30s`` or
+    ``--run-at ISO`` schedule it, ``--json`` prints ``{"id": …, "inserted": …}``.
 
 ``sa-outbox status [--model TARGET | --jobs-table T] [--outbox-model TARGET | …] …``
     Prints the jobs by queue, kind and status, the oldest ready job's age, the jobs failed
@@ -48,23 +52,26 @@ Commands:
     depth and throughput. Inside an application, `run_admin` runs them with its engine and
     models.
 
-``sa-outbox prune TARGET --older-than 7d [--failed-older-than 30d] [--outbox TARGET] …``
-    Deletes finished jobs of the job model at ``TARGET`` (and, with ``--outbox``, published
-    events) older than the windows, ``--batch`` rows per short transaction, one pruner at a
-    time per table (`Pruner`); prints progress every ``--progress-every`` batches.
+``sa-outbox prune --model TARGET --older-than 7d [--outbox-model TARGET] …``
+    Deletes finished jobs (and, with the outbox table, published events; with the inbox
+    table, old inbox entries) older than the windows, ``--batch`` rows per short
+    transaction, one pruner at a time per table (`Pruner`); prints progress every
+    ``--progress-every`` batches.
 
-``sa-outbox health TARGET [--outbox TARGET]``
+``sa-outbox health --model TARGET [--outbox-model TARGET]``
     Prints `table_health`: row counts, dead tuples, vacuum times, sizes, the oldest ready
-    pending job and the sessions holding back the xmin horizon.
+    pending job and the sessions holding back the xmin horizon, in human units.
 
-``sa-outbox partitions maintain --table TARGET [--ahead N] [--retention 7d]``
-    Runs `maintain_partitions` on the partitioned job or outbox model at ``TARGET``:
+``sa-outbox partitions maintain --model TARGET [--ahead N] [--retention 7d]``
+    Runs `maintain_partitions` on the partitioned job model (or ``--outbox-model``):
     creates partitions ``--ahead`` intervals ahead, drops those past ``--retention`` that
     hold no unfinished work, and prints what it created, moved, dropped and kept.
 
 Each command is a function that adds its subparser and sets ``handler`` to a function of
 the parsed arguments returning the exit status: 0 on success, 1 on a runtime error (printed
-as ``sa-outbox COMMAND: error: …``), 2 on a usage error (argparse's own convention).
+as ``sa-outbox COMMAND: error: …``), 2 on a usage error (argparse's own convention, reported
+by the command's own parser, with its usage). ``worker`` and ``relay`` connect once before
+they start: a database they cannot reach at all is a runtime error, in one line.
 
 Examples:
     >>> args = build_parser().parse_args(["demo", "--jobs", "50"])

@@ -8,11 +8,14 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument, SaOutboxError
@@ -51,6 +54,25 @@ class CommandError(SaOutboxError):
     __module__ = "sa_outbox.cli"  # its public home, as tracebacks show it
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of a command (or of an action of one): an argument it does not know is
+    reported by it, with its own usage, not by the top-level parser after it returns.
+
+    Examples:
+        >>> top = argparse.ArgumentParser(prog="sa-outbox")
+        >>> top.add_subparsers(parser_class=CommandParser).add_parser("health").prog
+        'sa-outbox health'
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        found, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return found, extras
+
+
 def database_url(raw: str) -> URL:
     """Parse a PostgreSQL URL for the commands, on psycopg 3 unless it names a sync driver.
 
@@ -67,15 +89,46 @@ def database_url(raw: str) -> URL:
     """
     try:
         url = make_url(raw)
-    except ArgumentError:
-        raise CommandError(
-            "the database URL could not be parsed; expected something like "
-            "postgresql+psycopg://user:password@host:5432/dbname"
-        ) from None
+    except (ArgumentError, ValueError):
+        raise CommandError(_unparsable(raw)) from None
     backend, _, driver = url.drivername.partition("+")
     if backend not in ("postgresql", "postgres"):
         raise CommandError(f"sa-outbox needs PostgreSQL, but the database URL is for {backend!r}")
-    return url.set(drivername=f"postgresql+{_SYNC_DRIVER.get(driver, driver)}")
+    if url.port is not None and not 0 < url.port < 65536:
+        raise CommandError(f"the database URL's port {url.port} is not between 1 and 65535")
+    url = url.set(drivername=f"postgresql+{_SYNC_DRIVER.get(driver, driver)}")
+    try:
+        url.get_dialect()
+    except NoSuchModuleError:
+        raise CommandError(
+            f"the database URL names an unknown PostgreSQL driver {driver!r}; use "
+            "postgresql+psycopg://user:password@host:5432/dbname (or postgresql://)"
+        ) from None
+    return url
+
+
+def _unparsable(raw: str) -> str:
+    """What is wrong with a URL SQLAlchemy could not parse, without its password.
+
+    Examples:
+        >>> _unparsable("postgresql://app:secret@db:five/app")
+        "the database URL's port 'five' is not a number"
+        >>> _unparsable("postgresql://app@[::1/app")
+        "the database URL's host '[::1' has no closing ']' (an IPv6 address goes in [ ])"
+    """
+    _, scheme, rest = raw.partition("://")
+    host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2] if scheme else ""
+    if host.startswith("[") and "]" not in host:
+        return f"the database URL's host {host!r} has no closing ']' (an IPv6 address goes in [ ])"
+    port = host.rpartition("]")[2] if host.startswith("[") else host
+    if ":" in port:
+        given = port.rpartition(":")[2]
+        if not given.isdigit():
+            return f"the database URL's port {given!r} is not a number"
+    return (
+        "the database URL could not be parsed; expected something like "
+        "postgresql+psycopg://user:password@host:5432/dbname"
+    )
 
 
 def _engine(url: URL, application_name: str | None = None) -> Engine:
@@ -301,11 +354,14 @@ def _add_command(
     description: str,
     epilog: str,
 ) -> argparse.ArgumentParser:
-    """A command (or an action of one) whose description and examples print as written."""
+    """A command (or an action of one) whose examples print as written, after its
+    description wrapped as argparse would."""
     return commands.add_parser(
         name,
         help=help,
-        description=description,
+        description=textwrap.fill(
+            description, width=79, break_on_hyphens=False, break_long_words=False
+        ),
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -344,6 +400,39 @@ def _setup_logging(level: str, log_format: str = "text") -> None:
             else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
         )
         logging.basicConfig(level=level, handlers=[handler])
+
+
+def _cannot_connect(url: URL, exc: DBAPIError) -> CommandError:
+    reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    return CommandError(f"cannot connect to {url.render_as_string(hide_password=True)}: {reason}")
+
+
+def connect_once(engine: Engine) -> None:
+    """Open one connection and close it: ``worker`` and ``relay`` do it before they start,
+    so that a wrong URL (a host that does not resolve, a refused port, a wrong password)
+    ends the command at once, in one line, instead of being retried as an outage is.
+
+    Examples:
+        connect_once(engine)  # CommandError: cannot connect to postgresql+psycopg://…: …
+    """
+    try:
+        with engine.connect():
+            pass
+    except DBAPIError as exc:
+        raise _cannot_connect(engine.url, exc) from exc
+
+
+async def connect_once_async(engine: AsyncEngine) -> None:
+    """`connect_once` on an `AsyncEngine`.
+
+    Examples:
+        await connect_once_async(engine)
+    """
+    try:
+        async with engine.connect():
+            pass
+    except DBAPIError as exc:
+        raise _cannot_connect(engine.url, exc) from exc
 
 
 def _database_error(url: URL, exc: DBAPIError) -> CommandError:

@@ -8,26 +8,23 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import Table
-from sqlalchemy.exc import DBAPIError
 
+from .._exceptions import SaOutboxError
 from .._human import moment
 from ..queue import get_job, kind_exists, list_jobs, retry_failed
 from ..queue._job_queue import JobQueue
 from ..queue._results import EnqueueResult
-from ..schema import TABLE_KIND_INFO_KEY, JobStatus
-from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from ..schema import JobStatus
+from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, Unique
 from ._common import (
     CommandError,
     _add_command,
-    _add_database_url,
-    _connect,
-    _database_error,
+    _names,
     _positive_int,
     _whole_number,
-    load_table,
     parse_duration,
 )
 from ._render import as_json, format_record, format_retried, listed_ids, table
@@ -52,30 +49,26 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "enqueue",
         help="add one job, as JobQueue.enqueue does, and print its id",
         description=(
-            "Add one job of KIND to the job table of --model, in a transaction of its own, "
-            "and print its id; a job whose --dedup-key is already taken by a job of the same "
-            "kind is skipped (and said so), not an error. Workers listening on the table "
-            "are woken at commit. Durations: 30s, 5m, 2h, 1d, 1w."
+            "Add one job of KIND to the job table (--model or --jobs-table), in a transaction "
+            "of its own, and print its id; a job whose --dedup-key is already taken by a job "
+            "of the same kind, or a unique job (--unique...) whose key another job holds, is "
+            "skipped (and said so), not an error. Workers listening on the table are woken at "
+            "commit. Durations: 30s, 5m, 2h, 1d, 1w."
         ),
         epilog=(
             "example:\n"
             "  sa-outbox jobs enqueue send-receipt --payload '{\"order_id\": 42}' \\\n"
-            "    --dedup-key receipt:42 --delay 5m --model myapp.models:Job"
+            "    --dedup-key receipt:42 --delay 5m --model myapp.models:Job\n"
+            "  sa-outbox jobs enqueue report --payload '{\"customer_id\": 7}' \\\n"
+            "    --unique-fields customer_id --unique-period 1h --jobs-table public.jobs"
         ),
     )
     enqueue.add_argument("kind", metavar="KIND", help="the job kind, e.g. send-receipt")
     enqueue.add_argument(
         "--payload",
         metavar="JSON",
-        type=json_payload,
         required=True,
         help="the payload, as JSON: e.g. '{\"order_id\": 42}'",
-    )
-    enqueue.add_argument(
-        "--model",
-        metavar="TARGET",
-        required=True,
-        help="the job model (or its JobApp), as module:attribute, e.g. myapp.models:Job",
     )
     enqueue.add_argument(
         "--queue",
@@ -124,10 +117,15 @@ def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="a header of the job (repeat for more), e.g. --header tenant=acme",
     )
     enqueue.add_argument(
-        "--json", action="store_true", help='print {"id": ..., "inserted": ...} instead'
+        "--lock-key",
+        metavar="K",
+        help="serial key: jobs sharing it run one at a time, in commit order (docs/limits.md)",
     )
-    _add_database_url(enqueue)
-    enqueue.set_defaults(handler=_enqueue)
+    _add_unique(enqueue)
+    add_json_and_target(
+        enqueue, add_job_target, json_help='print {"id": ..., "inserted": ...} instead'
+    )
+    enqueue.set_defaults(handler=_enqueue, parser=enqueue)
     _add_list(actions)
     _add_show(actions)
     _add_retry(actions)
@@ -286,6 +284,75 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_unique(parser: argparse.ArgumentParser) -> None:
+    """The options of a unique job (`Unique`, docs/unique.md); any of them makes it one."""
+    group = parser.add_argument_group(
+        "unique job",
+        "skipped while another job of the kind with the same key is in one of the states "
+        "(docs/unique.md); any --unique-... option makes the job unique",
+    )
+    group.add_argument(
+        "--unique", action="store_true", help="unique by the kind and the whole payload"
+    )
+    made_of = group.add_mutually_exclusive_group()
+    made_of.add_argument(
+        "--unique-fields",
+        metavar="A,B",
+        type=_names,
+        help="the key is made of these top-level fields of the payload",
+    )
+    made_of.add_argument(
+        "--unique-key", metavar="K", help="the key is this string (the payload plays no part)"
+    )
+    group.add_argument("--unique-by-queue", action="store_true", help="the queue is in the key")
+    group.add_argument(
+        "--unique-period",
+        metavar="DURATION",
+        type=parse_duration,
+        help="hold the key only within fixed windows this long, e.g. 1h",
+    )
+    group.add_argument(
+        "--unique-states",
+        metavar="A,B",
+        type=_names,
+        help="the states in which a job holds its key; must include pending and running "
+        "(default: pending,running,succeeded)",
+    )
+
+
+def _unique(args: argparse.Namespace) -> Unique | None:
+    """The `Unique` the ``--unique...`` options describe (``None``: none given)."""
+    given = (
+        args.unique
+        or args.unique_fields is not None
+        or args.unique_key is not None
+        or args.unique_by_queue
+        or args.unique_period is not None
+        or args.unique_states is not None
+    )
+    if not given:
+        return None
+    options: dict[str, Any] = {
+        "fields": args.unique_fields,
+        "key": args.unique_key,
+        "by_queue": args.unique_by_queue,
+        "period": args.unique_period,
+    }
+    if args.unique_states is not None:
+        options["states"] = args.unique_states
+    try:
+        return Unique(**options)
+    except SaOutboxError as exc:
+        _usage_error(args, str(exc))
+
+
+def _usage_error(args: argparse.Namespace, message: str) -> NoReturn:
+    """Exit with 2, as argparse does on a usage error, but with the one line alone: the
+    usage would bury the message (a payload's JSON is checked after parsing)."""
+    parser: argparse.ArgumentParser = args.parser
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
 def _not_json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -349,13 +416,6 @@ def aware_timestamp(value: str) -> dt.datetime:
     return moment
 
 
-def _job_table(target: str) -> Table:
-    table = load_table(target)
-    if table.info.get(TABLE_KIND_INFO_KEY) == "outbox":
-        raise CommandError(f"{target} is an outbox model; jobs enqueue needs the job model")
-    return table
-
-
 def _format_enqueued(result: EnqueueResult, args: argparse.Namespace) -> str:
     if args.json:
         return json.dumps(
@@ -363,33 +423,38 @@ def _format_enqueued(result: EnqueueResult, args: argparse.Namespace) -> str:
         )
     if result.inserted:
         return f"enqueued job {result.id} ({args.kind}, queue {args.queue})"
+    if args.dedup_key is None:
+        return f"skipped: a job of kind {args.kind!r} holds the same unique key"
+    unique = " or the same unique key" if _unique(args) is not None else ""
     return (
-        f"skipped: a job of kind {args.kind!r} with deduplication key {args.dedup_key!r} "
-        "already exists"
+        f"skipped: a job of kind {args.kind!r} with deduplication key {args.dedup_key!r}"
+        f"{unique} already exists"
     )
 
 
 def _enqueue(args: argparse.Namespace) -> int:
-    queue = JobQueue(_job_table(args.model))
-    url, engine = _connect(args)
     try:
-        with engine.begin() as conn:
-            result = queue.enqueue(
-                conn,
-                args.kind,
-                args.payload,
-                queue=args.queue,
-                priority=args.priority,
-                run_at=args.run_at,
-                delay=args.delay,
-                max_attempts=args.max_attempts,
-                deduplication_key=args.dedup_key,
-                headers=None if not args.headers else dict(args.headers),
-            )
-    except DBAPIError as exc:
-        raise _database_error(url, exc) from exc
-    finally:
-        engine.dispose()
+        payload = json_payload(args.payload)
+    except argparse.ArgumentTypeError as exc:
+        _usage_error(args, f"argument --payload: {exc}")
+    unique = _unique(args)
+    with connection(args, write=True) as conn:
+        jobs = job_table(args, conn)
+        assert jobs is not None
+        result = JobQueue(jobs).enqueue(
+            conn,
+            args.kind,
+            payload,
+            queue=args.queue,
+            priority=args.priority,
+            run_at=args.run_at,
+            delay=args.delay,
+            max_attempts=args.max_attempts,
+            deduplication_key=args.dedup_key,
+            headers=None if not args.headers else dict(args.headers),
+            lock_key=args.lock_key,
+            unique=unique,
+        )
     print(_format_enqueued(result, args))
     return 0
 

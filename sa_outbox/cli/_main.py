@@ -19,6 +19,7 @@ from ._common import (
     ENV_APP_DATABASE_URL,
     ENV_DATABASE_URL,
     CommandError,
+    CommandParser,
     Handler,
     _engine,
     _whole_number,
@@ -94,6 +95,9 @@ def _demo(args: argparse.Namespace) -> int:
             "and deleted at exit)"
         )
     engine = _engine(url)
+    # Said before the work starts: the one sign of life during a long run, and what a
+    # script waits for before it may interrupt.
+    print(f"running the demo with {args.jobs:,} jobs (Ctrl-C stops it)", flush=True)
     try:
         report = run_demo(engine, jobs=args.jobs)
     except DBAPIError as exc:
@@ -108,7 +112,13 @@ def _demo(args: argparse.Namespace) -> int:
 def _add_commands(
     parser: argparse.ArgumentParser,
 ) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-    return parser.add_subparsers(dest="command", metavar="COMMAND", required=True, title="commands")
+    return parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        title="commands",
+        parser_class=CommandParser,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

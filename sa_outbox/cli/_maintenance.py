@@ -9,50 +9,81 @@ import sys
 from sqlalchemy.exc import DBAPIError
 
 from .._exceptions import SaOutboxError
+from .._human import age as human_age
+from .._human import moment, size
 from ..maintenance._health import HealthReport, TableHealth, table_health
 from ..maintenance._partitions import DEFAULT_AHEAD, PartitionReport, maintain_partitions
 from ..maintenance._retention import Pruner, PruneReport, Retention
 from ._common import (
     CommandError,
+    _add_command,
     _add_database_url,
     _add_log_level,
     _connect,
     _database_error,
     _positive_int,
     _setup_logging,
-    load_table,
     parse_duration,
 )
+from ._targets import (
+    _model,
+    add_inbox_target,
+    add_job_target,
+    add_outbox_target,
+    connection,
+    database,
+    inbox_table,
+    job_table,
+    outbox_table,
+)
+
+_PRUNE_EXAMPLE = """\
+example:
+  sa-outbox prune --model myapp.models:Job --older-than 7d --failed-older-than 30d
+  sa-outbox prune --outbox-model myapp.models:OutboxEvent --outbox-older-than 3d
+  sa-outbox prune --inbox-table public.inbox --inbox-older-than 14d
+"""
+
+_HEALTH_EXAMPLE = """\
+example:
+  sa-outbox health --model myapp.models:Job --outbox-model myapp.models:OutboxEvent
+  sa-outbox health --jobs-table public.jobs
+"""
+
+_PARTITIONS_EXAMPLE = """\
+example:
+  sa-outbox partitions maintain --model myapp.models:Job --ahead 3 --retention 7d
+  sa-outbox partitions maintain --outbox-model myapp.models:OutboxEvent --retention 3d
+"""
 
 
 def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser(
+    parser = _add_command(
+        commands,
         "prune",
         help="delete finished jobs, published events and old inbox entries, in batches",
         description=(
             "Delete succeeded jobs older than --older-than, failed jobs older than "
             "--failed-older-than and cancelled jobs older than --cancelled (both default to "
-            "--older-than), with --outbox published events "
-            "older than --outbox-older-than (default: the same), and with --inbox inbox "
+            "--older-than), with the outbox table published events older than "
+            "--outbox-older-than (default: the same), and with the inbox table inbox "
             "entries received longer ago than --inbox-older-than (required with it: keep "
             "them longer than any redelivery can come), --batch rows per short "
             "transaction, until nothing is left. Pending and running jobs, unpublished and "
             "parked events are never touched. If another pruner holds a table's lock, that "
-            "table is skipped. TARGET may be left out when --outbox or --inbox is given. "
-            "Durations: 7d, 12h, 30m, 90s, 2w."
+            "table is skipped. Give the job table, the outbox table, the inbox table, or "
+            "several. Durations: 7d, 12h, 30m, 90s, 2w."
         ),
+        epilog=_PRUNE_EXAMPLE,
     )
-    parser.add_argument(
-        "target",
-        metavar="TARGET",
-        nargs="?",
-        help="the job model (or its JobApp), as module:attribute",
-    )
+    add_job_target(parser)
+    add_outbox_target(parser)
+    add_inbox_target(parser)
     parser.add_argument(
         "--older-than",
         metavar="DURATION",
         type=parse_duration,
-        help="prune succeeded jobs finished longer ago than this (required with TARGET)",
+        help="prune succeeded jobs finished longer ago than this (required with the job table)",
     )
     parser.add_argument(
         "--failed-older-than",
@@ -71,22 +102,16 @@ def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--keep-cancelled", action="store_true", help="never prune cancelled jobs")
     parser.add_argument(
-        "--outbox", metavar="TARGET", help="also prune this outbox model's published events"
-    )
-    parser.add_argument(
         "--outbox-older-than",
         metavar="DURATION",
         type=parse_duration,
         help="prune events published longer ago than this (default: --older-than)",
     )
     parser.add_argument(
-        "--inbox", metavar="TARGET", help="also prune this inbox model's (InboxMixin) entries"
-    )
-    parser.add_argument(
         "--inbox-older-than",
         metavar="DURATION",
         type=parse_duration,
-        help="prune inbox entries received longer ago than this (required with --inbox)",
+        help="prune inbox entries received longer ago than this (required with the inbox table)",
     )
     parser.add_argument(
         "--batch",
@@ -122,24 +147,29 @@ def _format_prune(report: PruneReport) -> str:
 
 def _check_prune_usage(args: argparse.Namespace) -> None:
     """What argparse alone cannot say: which windows each table needs (before any import)."""
-    if args.target is None and args.outbox is None and args.inbox is None:
-        args.usage_error("give what to prune: TARGET (a job model), --outbox or --inbox")
-    if args.target is not None and args.older_than is None:
-        args.usage_error("the following arguments are required with TARGET: --older-than")
-    if args.outbox is not None and (args.outbox_older_than or args.older_than) is None:
-        args.usage_error("--outbox needs --outbox-older-than (or --older-than)")
-    if args.inbox is not None and args.inbox_older_than is None:
+    jobs, outbox, inbox = (
+        args.model or args.jobs_table,
+        args.outbox_model or args.outbox_table,
+        args.inbox_model or args.inbox_table,
+    )
+    if not (jobs or outbox or inbox):
         args.usage_error(
-            "--inbox needs --inbox-older-than: keep entries longer than any redelivery "
+            "give what to prune: the job table (--model or --jobs-table), the outbox "
+            "(--outbox-model or --outbox-table), the inbox (--inbox-model or --inbox-table)"
+        )
+    if jobs and args.older_than is None:
+        args.usage_error("the job table needs --older-than")
+    if outbox and (args.outbox_older_than or args.older_than) is None:
+        args.usage_error("the outbox needs --outbox-older-than (or --older-than)")
+    if inbox and args.inbox_older_than is None:
+        args.usage_error(
+            "the inbox needs --inbox-older-than: keep entries longer than any redelivery "
             "can come (docs/inbox.md)"
         )
 
 
 def _prune(args: argparse.Namespace) -> int:
     _check_prune_usage(args)
-    jobs = None if args.target is None else load_table(args.target)
-    outbox = None if args.outbox is None else load_table(args.outbox)
-    inbox = None if args.inbox is None else load_table(args.inbox)
     failed = None if args.keep_failed else (args.failed_older_than or args.older_than)
     cancelled = None if args.keep_cancelled else (args.cancelled_older_than or args.older_than)
     try:
@@ -158,8 +188,11 @@ def _prune(args: argparse.Namespace) -> int:
         if report.batches % args.progress_every == 0:
             print(f"... {table}: {_format_prune(report)}", file=sys.stderr, flush=True)
 
-    url, engine = _connect(args)
-    try:
+    with database(args) as engine:
+        with engine.connect() as conn:
+            jobs = job_table(args, conn, required=False)
+            outbox = outbox_table(args, conn, required=False)
+            inbox = inbox_table(args, conn, required=False)
         pruner = Pruner(
             engine,
             jobs=jobs,
@@ -169,34 +202,31 @@ def _prune(args: argparse.Namespace) -> int:
             progress=progress,
         )
         print(_format_prune(pruner.run_once()))
-    except DBAPIError as exc:
-        raise _database_error(url, exc) from exc
-    finally:
-        engine.dispose()
     return 0
 
 
 def _add_health(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser(
+    parser = _add_command(
+        commands,
         "health",
         help="row counts, dead tuples, vacuum, sizes, oldest pending job, xmin holders",
         description=(
-            "Report the job table's (and with --outbox the outbox's) row counts, dead "
-            "tuples, last (auto)vacuum and (auto)analyze, table and index sizes, the age of "
-            "the oldest ready pending job, and the sessions holding back the xmin horizon."
+            "Report the job table's and the outbox table's (either or both) row counts, "
+            "dead tuples, last (auto)vacuum and (auto)analyze, table and index sizes, the "
+            "age of the oldest ready pending job, and the sessions holding back the xmin "
+            "horizon. Only reads."
         ),
+        epilog=_HEALTH_EXAMPLE,
     )
-    parser.add_argument(
-        "target", metavar="TARGET", help="the job model (or its JobApp), as module:attribute"
-    )
-    parser.add_argument("--outbox", metavar="TARGET", help="also report this outbox model")
+    add_job_target(parser)
+    add_outbox_target(parser)
     _add_database_url(parser)
     parser.set_defaults(handler=_health)
 
 
 def _format_table(health: TableHealth) -> list[str]:
     def when(value: dt.datetime | None) -> str:
-        return "never" if value is None else value.isoformat(timespec="seconds")
+        return "never" if value is None else f"{moment(value)} UTC"
 
     rows = ", ".join(f"{name} {n}" for name, n in health.rows.items())
     lines = [
@@ -204,8 +234,8 @@ def _format_table(health: TableHealth) -> list[str]:
         f"  live tuples {health.live_tuples}, dead tuples {health.dead_tuples}",
         f"  last vacuum {when(health.last_vacuum)}, autovacuum {when(health.last_autovacuum)}",
         f"  last analyze {when(health.last_analyze)}, autoanalyze {when(health.last_autoanalyze)}",
-        f"  size {health.total_bytes} bytes (table {health.table_bytes}, "
-        f"indexes {health.index_bytes})",
+        f"  size {size(health.total_bytes)} (table {size(health.table_bytes)}, "
+        f"indexes {size(health.index_bytes)})",
     ]
     lines += [
         f"  partition {p.table}: live tuples {p.live_tuples}, dead tuples {p.dead_tuples}, "
@@ -215,8 +245,12 @@ def _format_table(health: TableHealth) -> list[str]:
     ]
     if health.rows.keys() >= {"pending"}:
         age = health.oldest_pending_age
-        lines.append(f"  oldest ready pending job: {'none' if age is None else age}")
+        lines.append(f"  oldest ready pending job: {'none' if age is None else human_age(age)}")
     return lines
+
+
+def _utc(value: dt.datetime | None) -> str:
+    return "-" if value is None else f"{moment(value)} UTC"
 
 
 def _format_health(report: HealthReport) -> str:
@@ -230,23 +264,22 @@ def _format_health(report: HealthReport) -> str:
     else:
         lines.append(
             f"xmin horizon held by pid {holder.pid} ({holder.state}): {holder.xmin_age} "
-            f"transactions old, transaction open for {holder.transaction_age}, "
-            f"query started {holder.query_start}"
+            f"transactions old, transaction open for {human_age(holder.transaction_age)}, "
+            f"query started {_utc(holder.query_start)}"
         )
     return "\n".join(lines)
 
 
 def _health(args: argparse.Namespace) -> int:
-    jobs = load_table(args.target)
-    outbox = None if args.outbox is None else load_table(args.outbox)
-    url, engine = _connect(args)
-    try:
-        with engine.connect() as conn:
-            print(_format_health(table_health(conn, jobs=jobs, outbox=outbox)))
-    except DBAPIError as exc:
-        raise _database_error(url, exc) from exc
-    finally:
-        engine.dispose()
+    with connection(args) as conn:
+        jobs = job_table(args, conn, required=False)
+        outbox = outbox_table(args, conn, required=False)
+        if jobs is None and outbox is None:
+            raise CommandError(
+                "give the job table (--model myapp.models:Job or --jobs-table SCHEMA.TABLE), "
+                "the outbox (--outbox-model TARGET or --outbox-table SCHEMA.TABLE), or both"
+            )
+        print(_format_health(table_health(conn, jobs=jobs, outbox=outbox)))
     return 0
 
 
@@ -257,7 +290,8 @@ def _add_partitions(commands: argparse._SubParsersAction[argparse.ArgumentParser
         description="Partition maintenance (docs/partitions.md).",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True, title="actions")
-    maintain = actions.add_parser(
+    maintain = _add_command(
+        actions,
         "maintain",
         help="create partitions ahead, drop finished ones past retention",
         description=(
@@ -265,14 +299,22 @@ def _add_partitions(commands: argparse._SubParsersAction[argparse.ArgumentParser
             "default partition holds for them; with --retention, drop partitions whose "
             "whole range is older than that, unless they hold a pending or running job (an "
             "unpublished, unparked event): those are kept and listed. One maintainer at a "
-            "time per table. Durations: 7d, 12h, 30m, 90s, 2w."
+            "time per table. Give the partitioned job model or outbox model (a model, not a "
+            "table name: its partitioning is declared there). Durations: 7d, 12h, 30m, "
+            "90s, 2w."
         ),
+        epilog=_PARTITIONS_EXAMPLE,
     )
-    maintain.add_argument(
-        "--table",
+    which = maintain.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--model",
         metavar="TARGET",
-        required=True,
-        help="the partitioned job or outbox model (or JobApp), as module:attribute",
+        help="the partitioned job model (or its JobApp), as module:attribute",
+    )
+    which.add_argument(
+        "--outbox-model",
+        metavar="TARGET",
+        help="or the partitioned outbox model, as module:attribute",
     )
     maintain.add_argument(
         "--ahead",
@@ -317,7 +359,10 @@ def _format_partitions(report: PartitionReport) -> str:
 
 def _maintain_partitions(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
-    table = load_table(args.table)
+    if args.model:
+        table = _model(args.model, "job", "--model")
+    else:
+        table = _model(args.outbox_model, "outbox", "--outbox-model")
     url, engine = _connect(args)
     try:
         report = maintain_partitions(engine, table, ahead=int(args.ahead), retention=args.retention)

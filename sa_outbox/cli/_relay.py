@@ -48,6 +48,8 @@ from ._common import (
     _positive_int,
     _resolve_url,
     _setup_logging,
+    connect_once,
+    connect_once_async,
     given_listen_url,
 )
 
@@ -280,6 +282,7 @@ def _run_relay(relay: Relay, made: Engine | AsyncEngine | None, *, once: bool) -
         for signum in (signal.SIGTERM, signal.SIGINT)
     }
     try:
+        connect_once(relay.engine)  # a URL that cannot work fails now, in one line
         if once:
             print(_format_relay_report(relay.run_once()))
         else:
@@ -300,6 +303,7 @@ async def _run_async_relay(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, relay.stop)
     try:
+        await connect_once_async(relay.engine)  # a URL that cannot work fails now
         if once:
             print(_format_relay_report(await relay.run_once()))
         else:

@@ -234,11 +234,13 @@ def format_queues(depths: list[QueueDepth], within: dt.timedelta) -> str:
         for d in depths
     ]
     headers = ["queue", *columns, f"done {window}", "per min"]
+    numbers = len(columns) + 2  # the counts, the done and the per-minute columns
     if any(d.paused is not None for d in depths):
         headers.append("paused")
         for row, d in zip(rows, depths, strict=True):
             row.append("paused" if d.paused else "")
-    return table(headers, rows, right=len(columns) + 2)
+        numbers += 1  # its cells are all "paused" or blank: aligned either way
+    return table(headers, rows, right=numbers)
 
 
 def _watch(args: argparse.Namespace, render: Callable[[], str]) -> int:

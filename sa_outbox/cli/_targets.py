@@ -32,6 +32,9 @@ _JOB_COLUMNS = frozenset(
 )
 _OUTBOX_COLUMNS = frozenset({"id", "seq", "event_type", "published_at", "parked_at"})
 _PAUSE_COLUMNS = frozenset({"queue", "paused_at", "paused_by"})
+_INBOX_COLUMNS = frozenset({"source", "message_id", "received_at"})
+#: The option that takes each kind of model, for the hint when a model is given to another.
+_MODEL_OPTION = {"job": "--model", "outbox": "--outbox-model", "inbox": "--inbox-model"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +141,17 @@ def add_pause_target(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_inbox_target(parser: argparse.ArgumentParser) -> None:
+    """``--inbox-model TARGET`` or ``--inbox-table [SCHEMA.]TABLE``."""
+    _add_target(
+        parser,
+        "--inbox-model",
+        "the inbox model (InboxMixin), as module:attribute, e.g. consumer.models:InboxEntry",
+        "--inbox-table",
+        "or the inbox table's name, read from the database, e.g. public.inbox",
+    )
+
+
 def add_json_and_target(
     parser: argparse.ArgumentParser,
     add_target: Callable[[argparse.ArgumentParser], None],
@@ -173,7 +187,7 @@ def _model(target: str, kind: str, option: str) -> Table:
     table = load_table(target)
     found = table.info.get(TABLE_KIND_INFO_KEY)
     if found is not None and found != kind:
-        other = "--outbox-model" if kind == "outbox" else "--model"
+        other = _MODEL_OPTION.get(found, "--model")
         raise CommandError(
             f"{target} is {_a(found)} model; {option} needs the {kind} model "
             f"(did you mean {other}?)"
@@ -236,6 +250,26 @@ def outbox_table(
         missing=(
             "give the outbox table: --outbox-model myapp.models:OutboxEvent "
             "or --outbox-table SCHEMA.TABLE"
+        ),
+        required=required,
+    )
+
+
+def inbox_table(
+    args: argparse.Namespace, conn: Connection, *, required: bool = True
+) -> Table | None:
+    """The inbox table the arguments name (``--inbox-model``, ``--inbox-table``)."""
+    return _table(
+        conn,
+        model=getattr(args, "inbox_model", None),
+        name=getattr(args, "inbox_table", None),
+        preset=None,
+        kind="inbox",
+        option="--inbox-model",
+        columns=_INBOX_COLUMNS,
+        missing=(
+            "give the inbox table: --inbox-model consumer.models:InboxEntry "
+            "or --inbox-table SCHEMA.TABLE"
         ),
         required=required,
     )

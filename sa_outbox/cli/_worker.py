@@ -28,6 +28,8 @@ from ._common import (
     _positive_int,
     _setup_logging,
     _url_of,
+    connect_once,
+    database_url,
     given_listen_url,
     positive_seconds,
     seconds_or_zero,
@@ -160,6 +162,7 @@ def _worker(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level, args.log_format)
     app = load_target(args.target)
     url = _url_of(args)
+    listen_url = given_listen_url(args.listen_url)
     options = dict(
         queues=args.queues,
         kinds=args.kinds,
@@ -170,7 +173,7 @@ def _worker(args: argparse.Namespace) -> int:
         grace=args.grace,
         poll_interval=args.poll_interval,
         listen=args.listen,
-        listen_url=given_listen_url(args.listen_url),
+        listen_url=listen_url,
         reclaim=args.reclaim,
         worker_id=args.worker_id,
     )
@@ -178,6 +181,7 @@ def _worker(args: argparse.Namespace) -> int:
         options["pauses"] = load_pause_model(args.pause_model)
     if args.processes > 1 and args.metrics_port is not None:
         raise CommandError("--metrics-port needs --processes 1 (one port, one process)")
+    _first_connection(url, listen_url)
     if args.processes > 1:
         del options["worker_id"]
         supervisor = Supervisor(
@@ -221,6 +225,19 @@ def _worker(args: argparse.Namespace) -> int:
         if metrics_engine is not None:
             metrics_engine.dispose()
     return 0
+
+
+def _first_connection(url: URL, listen_url: str | None) -> None:
+    """Connect once to the database (and the LISTEN URL) before starting: a URL that cannot
+    work fails the command in one line; an outage after the start is ridden out."""
+    for each in (url, None if listen_url is None else database_url(listen_url)):
+        if each is None:
+            continue
+        engine = _engine(each)
+        try:
+            connect_once(engine)
+        finally:
+            engine.dispose()
 
 
 async def _run_async(app: JobApp, url: URL, options: dict[str, object], name: str) -> None:
