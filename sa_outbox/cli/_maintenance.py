@@ -239,7 +239,7 @@ def _format_table(health: TableHealth) -> list[str]:
     ]
     lines += [
         f"  partition {p.table}: live tuples {p.live_tuples}, dead tuples {p.dead_tuples}, "
-        f"size {p.total_bytes} bytes, last vacuum {when(p.last_vacuum)}, "
+        f"size {size(p.total_bytes)}, last vacuum {when(p.last_vacuum)}, "
         f"autovacuum {when(p.last_autovacuum)}"
         for p in health.partitions
     ]
