@@ -18,7 +18,13 @@ Examples:
 from ._async import AsyncRelay
 from ._config import DEFAULT_RETENTION, RelaySettings
 from ._plan import BatchPlan, RelayReport
-from ._publisher import EventsRejected, Publisher, PublishError, PublisherUnavailable
+from ._publisher import (
+    EventsRejected,
+    Publisher,
+    PublishError,
+    PublisherUnavailable,
+    reset_publisher,
+)
 from ._sync import Relay
 from .metrics import CountingRelayMetrics, PublishOutcome, RelayMetrics
 
@@ -36,4 +42,5 @@ __all__ = [
     "RelayMetrics",
     "RelayReport",
     "RelaySettings",
+    "reset_publisher",
 ]
