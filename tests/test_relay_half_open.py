@@ -361,3 +361,56 @@ def records(address: str, topic: str, n: int) -> list[str]:
         return ids
     finally:
         consumer.close()
+
+
+# -- the relay's side, without a broker -----------------------------------------------------
+
+
+class Hanging:
+    """A publisher whose publish never ends (a half-open connection), counting resets."""
+
+    def __init__(self) -> None:
+        self.publishing = asyncio.Event()
+        self.resets = 0
+
+    async def publish(self, events: Any) -> None:
+        self.publishing.set()
+        await asyncio.Event().wait()
+
+    async def aclose(self) -> None:
+        pass
+
+    async def reset(self) -> None:
+        self.resets += 1
+
+
+async def test_a_cancelled_publish_resets_the_publisher(engine: Engine, async_engine: Any) -> None:
+    append(engine, 1, "cancelled")
+    publisher = Hanging()
+    relay = AsyncRelay(async_engine, OutboxEvent, publisher, lease=LEASE)
+    cycle = asyncio.create_task(relay.run_once())
+    await asyncio.wait_for(publisher.publishing.wait(), BOUND)
+    cycle.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cycle
+    assert publisher.resets == 1
+    assert unpublished(engine) == 1  # still claimed until its lease ends: nothing lost
+
+
+def test_a_publisher_without_reset_still_times_out_cleanly(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    class NoReset:
+        async def publish(self, events: Any) -> None:
+            await asyncio.Event().wait()
+
+        async def aclose(self) -> None:
+            pass
+
+    append(engine, 2, "no-reset")
+    caplog.set_level(logging.WARNING, logger="sa_outbox.relay")
+    with Relay(engine, OutboxEvent, NoReset(), lease=1.0) as relay:
+        report = relay.run_once()
+    assert report.unavailable == "the publisher did not finish within 0.5 s"
+    assert report.released == 2 and unpublished(engine) == 2
+    assert any("has no reset()" in r.getMessage() for r in caplog.records)

@@ -98,7 +98,7 @@ class GuardedPublisher:
     def __init__(self, name: str, timeout: float) -> None:
         self.name = name
         self.timeout = timeout
-        #: Resets since the last publish that succeeded.
+        #: Publishes cut short (timed out or cancelled) since the last one that succeeded.
         self.resets = 0
 
     async def publish(self, publisher: Publisher, events: Sequence[ClaimedEvent]) -> None:
@@ -111,22 +111,24 @@ class GuardedPublisher:
             if not within.expired():
                 raise  # the publisher's own TimeoutError, not the relay's timeout
             what = f"the publisher did not finish within {self.timeout} s"
-            await self.reset(publisher, what)
-            raise PublisherUnavailable(f"{what} (its connection was reset)") from None
+            if await self.reset(publisher, what):
+                what += " (its connection was reset)"
+            raise PublisherUnavailable(what) from None
         except asyncio.CancelledError:
             await self.reset(publisher, "the publish was cancelled")
             raise
         if self.resets:
             LOGGER.info(
-                "relay %s: publishing again (after %d publisher reset%s)",
+                "relay %s: publishing again (after %d publish%s cut short)",
                 self.name,
                 self.resets,
-                "s" if self.resets != 1 else "",
+                "es" if self.resets != 1 else "",
             )
             self.resets = 0
 
-    async def reset(self, publisher: Publisher, what: str) -> None:
-        """Reset the publisher (bounded by `RESET_TIMEOUT`), logging ``what`` happened."""
+    async def reset(self, publisher: Publisher, what: str) -> bool:
+        """Reset the publisher (bounded by `RESET_TIMEOUT`), logging ``what`` happened;
+        returns whether it was reset."""
         self.resets += 1
         level = logging.WARNING if self.resets == 1 else logging.DEBUG
         try:
@@ -136,7 +138,7 @@ class GuardedPublisher:
             LOGGER.warning(
                 "relay %s: %s; resetting the publisher failed: %s", self.name, what, describe(exc)
             )
-            return
+            return False
         if had_reset:
             LOGGER.log(
                 level,
@@ -149,6 +151,7 @@ class GuardedPublisher:
             LOGGER.log(
                 level, "relay %s: %s (the publisher has no reset() to drop it)", self.name, what
             )
+        return had_reset
 
 
 def settle(
