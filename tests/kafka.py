@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from .blackhole import BlackholeProxy
 from .brokers import TcpProxy, reachable
 
 WAIT = 60.0
@@ -110,6 +111,40 @@ def run_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker
         process.kill()
         process.wait(WAIT)
         proxy.close()
+
+
+@contextlib.contextmanager
+def broker_behind_blackhole(log_dir: Path) -> Iterator[tuple[str, BlackholeProxy]]:
+    """A Tansu broker of its own behind a `BlackholeProxy` whose port it advertises (so every
+    client connection goes through the proxy, which can go silent); its address and proxy.
+    Skips with an external broker (``SA_OUTBOX_TEST_KAFKA``): it cannot be re-advertised."""
+    pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
+    if os.environ.get("SA_OUTBOX_TEST_KAFKA"):
+        pytest.skip("SA_OUTBOX_TEST_KAFKA is set: an external broker cannot be put behind a proxy")
+    binary = _tansu_binary()
+    port = _free_port()
+    with BlackholeProxy(("127.0.0.1", port)) as proxy, open(log_dir / "broker.log", "wb") as out:
+        process = subprocess.Popen(
+            [
+                binary,
+                "broker",
+                "--listener-url",
+                f"tcp://127.0.0.1:{port}",
+                "--advertised-listener-url",
+                f"tcp://{proxy.address}",
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            _wait_ready(process, port)
+            yield proxy.address, proxy
+        finally:
+            process.kill()
+            process.wait(WAIT)
 
 
 def relay() -> object:

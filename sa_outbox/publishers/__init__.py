@@ -12,7 +12,9 @@ module                                 class                            extra
 =====================================  ===============================  =========================
 
 Each implements `Publisher` (``async publish(events)``, ``async aclose()``) and carries
-the outbox row's id as the message id, so consumers can de-duplicate. Importing this package
+the outbox row's id as the message id, so consumers can de-duplicate; each but the callable
+also has ``async reset()``, which the relay calls after a publish that timed out or was
+cancelled, to drop a connection the network may have left half-open. Importing this package
 imports no client library; each module imports its own.
 
 Examples:

@@ -18,6 +18,11 @@ unavailable (nothing is marked; the relay backs off and re-publishes); an error 
 not retry (record too large, topic that does not exist and may not be created, not
 authorised) rejects that event.
 
+When the relay's own publish timeout comes first (a network gone silent: librdkafka waits
+for its request and socket timeouts), the relay calls `KafkaPublisher.reset`: the records
+not yet delivered are purged (the relay re-publishes them) and the next publish uses a new
+producer, with fresh connections.
+
 Examples:
     publisher = KafkaPublisher(
         "127.0.0.1:9092",
@@ -241,12 +246,27 @@ class KafkaPublisher:
         if rejected:
             raise EventsRejected(rejected)
 
+    def _drop(self) -> None:
+        # Not under the lock: a publish that timed out may still hold it, waiting in its
+        # flush, which the purge ends (its records' reports come back as purged).
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.purge()
+            producer.flush(0)
+
     def _close(self) -> None:
-        with self._lock:
-            producer, self._producer = self._producer, None
-            if producer is not None:
-                producer.purge()
-                producer.flush(0)
+        self._drop()
+
+    async def reset(self) -> None:
+        """Purge the records not yet delivered and replace the producer at the next publish.
+
+        The relay calls it after a publish that timed out or was cancelled; the records it
+        purges were not acknowledged, so the relay publishes them again.
+
+        Examples:
+            await publisher.reset()
+        """
+        await asyncio.to_thread(self._drop)
 
     async def aclose(self) -> None:
         """Drop the records not yet delivered (the relay re-publishes them) and close.

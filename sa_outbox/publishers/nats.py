@@ -11,7 +11,11 @@ capture it (create it yourself, or with ``nats stream add``). The other headers 
 An error reply from JetStream (no stream for the subject, a message over the stream's
 ``max_msg_size``…) rejects that event; a server that cannot be reached, a connection that
 drops, or an acknowledgement that does not come in ``publish_timeout`` makes the batch
-unavailable (the relay backs off, and the publisher reconnects).
+unavailable (the relay backs off, and the publisher reconnects). When the relay's own publish
+timeout comes first (a network gone silent leaves the connection half-open, and nats-py
+notices only after minutes of unanswered pings), the relay calls `NatsPublisher.reset`,
+which closes the connection without waiting more than ``RESET_CLOSE_TIMEOUT``: the next
+publish connects afresh.
 
 Examples:
     publisher = NatsPublisher(
@@ -41,7 +45,11 @@ from ..relay._core import LOGGER, describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ._message import body_of, message_headers
 
-__all__ = ["NatsPublisher"]
+__all__ = ["RESET_CLOSE_TIMEOUT", "NatsPublisher"]
+
+#: How long `NatsPublisher.reset` waits for the connection to close (it flushes first,
+#: which on a half-open connection never ends).
+RESET_CLOSE_TIMEOUT = 1.0
 
 _UNREACHABLE: tuple[type[BaseException], ...] = (
     nats.errors.ConnectionClosedError,
@@ -164,11 +172,22 @@ class NatsPublisher:
         if rejected:
             raise EventsRejected(rejected)
 
-    async def _reset(self) -> None:
+    async def _reset(self, timeout: float | None = None) -> None:
         client, self._client, self._js = self._client, None, None
         if client is not None and not client.is_closed:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), self._connect_timeout)
+                await asyncio.wait_for(client.close(), timeout or self._connect_timeout)
+
+    async def reset(self) -> None:
+        """Close the connection; the next publish connects afresh.
+
+        The relay calls it after a publish that timed out or was cancelled. Closing waits
+        at most ``RESET_CLOSE_TIMEOUT``.
+
+        Examples:
+            await publisher.reset()
+        """
+        await self._reset(RESET_CLOSE_TIMEOUT)
 
     async def aclose(self) -> None:
         """Close the connection.

@@ -11,7 +11,10 @@ a topic exchange of yours).
 A nack (a queue that refuses, ``x-overflow: reject-publish``), an unroutable message, or an
 exchange that does not exist rejects that event; a broker that cannot be reached, a
 connection that drops, or a confirm that does not come in ``publish_timeout`` makes the whole
-batch unavailable (the relay backs off and reconnects).
+batch unavailable (the relay backs off and reconnects). When the relay's own publish timeout
+comes first (a network gone silent leaves the connection half-open: no error, no confirm),
+the relay calls `RabbitMQPublisher.reset`, which drops the channel and the connection
+without waiting on the broker more than ``RESET_CLOSE_TIMEOUT``: the next publish reconnects.
 
 Examples:
     publisher = RabbitMQPublisher(
@@ -41,7 +44,11 @@ from ..relay._core import describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ._message import body_of, message_headers
 
-__all__ = ["RabbitMQPublisher"]
+__all__ = ["RESET_CLOSE_TIMEOUT", "RabbitMQPublisher"]
+
+#: How long `RabbitMQPublisher.reset` waits for a connection to close: on a half-open one
+#: aiormq waits 2 s for the broker's Close-Ok, which never comes, before closing the socket.
+RESET_CLOSE_TIMEOUT = 3.0
 
 Naming = str | Callable[[ClaimedEvent], str]
 
@@ -99,6 +106,7 @@ class RabbitMQPublisher:
         self._connection: aio_pika.abc.AbstractConnection | None = None
         self._channel: aio_pika.abc.AbstractChannel | None = None
         self._exchanges: dict[str, aio_pika.abc.AbstractExchange] = {}
+        self._closing: set[asyncio.Future[Any]] = set()
 
     def __repr__(self) -> str:
         host = self.url.rpartition("@")[2]
@@ -181,17 +189,43 @@ class RabbitMQPublisher:
         if rejected:
             raise EventsRejected(rejected)
 
-    async def _reset(self) -> None:
+    async def _reset(self, timeout: float | None = None) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         self._exchanges.clear()
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(connection.close(), self._connect_timeout)
+        if connection is None:
+            return
+        # The close goes on in the background past ``timeout`` (on a half-open connection
+        # aiormq waits for a Close-Ok that never comes, then closes the socket): a close
+        # cut short would leave aio-pika to schedule another one when it is collected.
+        closing = asyncio.ensure_future(connection.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closed)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(closing), timeout or self._connect_timeout)
+
+    def _closed(self, closing: asyncio.Future[Any]) -> None:
+        self._closing.discard(closing)
+        if not closing.cancelled():
+            closing.exception()  # retrieved: a close that failed is no news
+
+    async def reset(self) -> None:
+        """Drop the channel and the connection; the next publish opens new ones.
+
+        The relay calls it after a publish that timed out or was cancelled: the connection
+        may be half-open, or the cancelled publish left the channel mid-confirm. It waits
+        at most ``RESET_CLOSE_TIMEOUT`` for the close, which goes on in the background.
+
+        Examples:
+            await publisher.reset()
+        """
+        await self._reset(RESET_CLOSE_TIMEOUT)
 
     async def aclose(self) -> None:
-        """Close the connection.
+        """Close the connection (and wait for those `reset` left closing).
 
         Examples:
             await publisher.aclose()
         """
         await self._reset()
+        if self._closing:
+            await asyncio.wait(set(self._closing), timeout=self._connect_timeout)

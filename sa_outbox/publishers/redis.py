@@ -9,6 +9,9 @@ stream key comes from the event (by default ``"outbox"``); ``maxlen`` trims it
 
 An error reply to an ``XADD`` (the key holds another type, …) rejects that event; a server
 that cannot be reached or does not answer in ``socket_timeout`` makes the batch unavailable.
+After a publish that timed out or was cancelled, the relay calls
+`RedisStreamsPublisher.reset`, which disconnects the connection pool (waiting at most
+``RESET_CLOSE_TIMEOUT``): the next publish connects afresh.
 
 Examples:
     publisher = RedisStreamsPublisher(
@@ -20,6 +23,7 @@ Examples:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import uuid
@@ -35,7 +39,10 @@ from ..relay._core import describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ..statements import compact_json
 
-__all__ = ["RedisStreamsPublisher"]
+__all__ = ["RESET_CLOSE_TIMEOUT", "RedisStreamsPublisher"]
+
+#: How long `RedisStreamsPublisher.reset` waits for the pool's connections to close.
+RESET_CLOSE_TIMEOUT = 1.0
 
 _UNREACHABLE: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,
@@ -131,11 +138,22 @@ class RedisStreamsPublisher:
         if rejected:
             raise EventsRejected(rejected)
 
-    async def _reset(self) -> None:
+    async def _reset(self, timeout: float | None = None) -> None:
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
-                await client.aclose()
+                await asyncio.wait_for(client.aclose(), timeout or self._socket_timeout)
+
+    async def reset(self) -> None:
+        """Disconnect the connection pool; the next publish connects afresh.
+
+        The relay calls it after a publish that timed out or was cancelled: a connection
+        whose reply never came must not be reused. Waits at most ``RESET_CLOSE_TIMEOUT``.
+
+        Examples:
+            await publisher.reset()
+        """
+        await self._reset(RESET_CLOSE_TIMEOUT)
 
     async def aclose(self) -> None:
         """Close the connections.

@@ -15,7 +15,10 @@ Only a 2xx answer counts as published. Redirects are not followed (a 3xx rejects
 event, like 4xx and other 5xx answers); 408, 429, 502, 503 and 504 — the server saying it
 cannot take anything *now* — and timeouts or connection errors make the batch unavailable,
 so the relay backs off without parking events. Events of one batch are sent concurrently
-(at most ``concurrency`` at a time); ``timeout`` bounds each request.
+(at most ``concurrency`` at a time); ``timeout`` bounds each request. After a publish that
+timed out or was cancelled, the relay calls `WebhookPublisher.reset`, which closes the HTTP
+client and its pooled connections (waiting at most ``RESET_CLOSE_TIMEOUT``): the next
+publish opens new ones.
 
 The URL must be an absolute ``http://`` or ``https://`` URL with a host (`checked_url`):
 anything else (``ftp://``, ``file://``, no scheme, no host) is refused when the publisher
@@ -34,6 +37,7 @@ Examples:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
@@ -54,7 +58,13 @@ from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ..statements import compact_json
 from ._message import envelope_of
 
-__all__ = ["RETRY_LATER_STATUSES", "WebhookPublisher", "checked_url", "sign"]
+__all__ = [
+    "RESET_CLOSE_TIMEOUT",
+    "RETRY_LATER_STATUSES",
+    "WebhookPublisher",
+    "checked_url",
+    "sign",
+]
 
 #: Answers that mean "not now" rather than "not this event": the batch is unavailable.
 RETRY_LATER_STATUSES = frozenset({408, 429, 502, 503, 504})
@@ -62,6 +72,8 @@ RETRY_LATER_STATUSES = frozenset({408, 429, 502, 503, 504})
 URL_SCHEMES = ("http", "https")
 #: Most concurrent requests `WebhookPublisher` takes for ``concurrency``.
 MAX_CONCURRENCY = 1000
+#: How long `WebhookPublisher.reset` waits for the client's connections to close.
+RESET_CLOSE_TIMEOUT = 1.0
 
 
 def checked_url(url: object) -> str:
@@ -215,6 +227,21 @@ class WebhookPublisher:
                 rejected[event.id] = result
         if rejected:
             raise EventsRejected(rejected)
+
+    async def reset(self) -> None:
+        """Close the HTTP client and its pooled connections; the next publish opens new ones.
+
+        The relay calls it after a publish that timed out or was cancelled: a pooled
+        connection whose answer never came must not be reused. Waits at most
+        ``RESET_CLOSE_TIMEOUT``.
+
+        Examples:
+            await publisher.reset()
+        """
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.aclose(), RESET_CLOSE_TIMEOUT)
 
     async def aclose(self) -> None:
         """Close the HTTP client.

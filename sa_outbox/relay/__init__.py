@@ -14,7 +14,13 @@ Examples:
 from ._async import AsyncRelay
 from ._config import DEFAULT_RETENTION, RelaySettings
 from ._plan import BatchPlan, RelayReport
-from ._publisher import EventsRejected, Publisher, PublishError, PublisherUnavailable
+from ._publisher import (
+    EventsRejected,
+    Publisher,
+    PublishError,
+    PublisherUnavailable,
+    reset_publisher,
+)
 from ._sync import Relay
 from .metrics import CountingRelayMetrics, PublishOutcome, RelayMetrics
 
@@ -32,4 +38,5 @@ __all__ = [
     "RelayMetrics",
     "RelayReport",
     "RelaySettings",
+    "reset_publisher",
 ]

@@ -29,7 +29,15 @@ from ..queue._outbox import _OutboxOps
 from ..queue._results import ClaimedEvent
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
-from ._core import LOGGER, describe, finish, retry_wait, retryable, settle
+from ._core import (
+    LOGGER,
+    GuardedPublisher,
+    describe,
+    finish,
+    retry_wait,
+    retryable,
+    settle,
+)
 from ._listen import DEAF_WARNING, AsyncListener
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
@@ -117,6 +125,9 @@ class AsyncRelay:
         #: The `RelayMetrics` hooks each cycle calls (``None``: none); may be set later.
         self.metrics = metrics
         self.publisher = publisher
+        self._guarded = GuardedPublisher(
+            self.settings.name, self.settings.publish_timeout.total_seconds()
+        )
         self._ops = _OutboxOps(
             model,
             clock=clock,
@@ -180,13 +191,12 @@ class AsyncRelay:
         self, plan: BatchPlan, wave: list[ClaimedEvent], recorder: CycleRecorder
     ) -> list[ClaimedEvent]:
         error: BaseException | None = None
-        timeout = self.settings.publish_timeout.total_seconds()
         sent, spans = traced_wave(wave)
         recorder.publishing()
         try:
-            await asyncio.wait_for(self.publisher.publish(sent), timeout)
-        except TimeoutError:
-            error = PublisherUnavailable(f"the publisher did not finish within {timeout} s")
+            # Bounded by publish_timeout; a publish that timed out or was cancelled resets
+            # the publisher, so the next one does not reuse a half-open connection.
+            await self._guarded.publish(self.publisher, sent)
         except Exception as exc:
             error = exc
         if spans is not None:

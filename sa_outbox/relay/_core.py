@@ -8,6 +8,7 @@ Examples:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -23,9 +24,19 @@ from ..queue._outbox import _OutboxOps
 from ..queue._results import ClaimedEvent
 from ._config import RelaySettings
 from ._plan import BatchPlan, RelayReport
-from ._publisher import EventsRejected, PublisherUnavailable
+from ._publisher import EventsRejected, Publisher, PublisherUnavailable, reset_publisher
 
-__all__ = ["LOGGER", "RETRYABLE", "describe", "finish", "retry_wait", "retryable", "settle"]
+__all__ = [
+    "LOGGER",
+    "RESET_TIMEOUT",
+    "RETRYABLE",
+    "GuardedPublisher",
+    "describe",
+    "finish",
+    "retry_wait",
+    "retryable",
+    "settle",
+]
 
 LOGGER = logging.getLogger("sa_outbox.relay")
 #: What the relay's loop backs off from and retries: a broker it cannot reach, and a
@@ -72,6 +83,97 @@ def describe(error: BaseException) -> str:
     # A broker's message may hold a NUL or a lone surrogate: written as it is, last_error
     # would fail the cycle's whole transaction (and the relay with it).
     return storable_text((text or type(error).__name__)[:MAX_ERROR_LENGTH])
+
+
+#: The longest the relay waits for a publisher's ``reset()`` (at most the publish timeout):
+#: the connection it drops is dead, nothing is worth waiting for on it.
+RESET_TIMEOUT = 5.0
+
+
+class GuardedPublisher:
+    """One publish within ``timeout``; after one that timed out or was cancelled, the
+    publisher's ``reset()`` (`sa_outbox.relay.reset_publisher`), so that the next publish
+    does not reuse a connection the network left half-open.
+
+    The first reset of a run of failed publishes is logged as a warning, the next ones at
+    debug level, and the first publish that succeeds after them at info level.
+
+    Examples:
+        >>> import asyncio
+        >>> class Silent:
+        ...     async def publish(self, events):
+        ...         await asyncio.sleep(60)  # a broker behind a network that went silent
+        ...     async def aclose(self): ...
+        ...     async def reset(self):
+        ...         print("reset")
+        >>> guarded = GuardedPublisher("relay-1", 0.01)
+        >>> try:
+        ...     asyncio.run(guarded.publish(Silent(), []))
+        ... except PublisherUnavailable as exc:
+        ...     print(exc)
+        reset
+        the publisher did not finish within 0.01 s (its connection was reset)
+        >>> guarded.resets
+        1
+    """
+
+    def __init__(self, name: str, timeout: float) -> None:
+        self.name = name
+        self.timeout = timeout
+        #: Publishes cut short (timed out or cancelled) since the last one that succeeded.
+        self.resets = 0
+
+    async def publish(self, publisher: Publisher, events: Sequence[ClaimedEvent]) -> None:
+        """``publisher.publish(events)`` within the timeout, resetting it after a timeout
+        (then raises `PublisherUnavailable`) or a cancellation (then re-raises it)."""
+        try:
+            async with asyncio.timeout(self.timeout) as within:
+                await publisher.publish(events)
+        except TimeoutError:
+            if not within.expired():
+                raise  # the publisher's own TimeoutError, not the relay's timeout
+            what = f"the publisher did not finish within {self.timeout} s"
+            if await self.reset(publisher, what):
+                what += " (its connection was reset)"
+            raise PublisherUnavailable(what) from None
+        except asyncio.CancelledError:
+            await self.reset(publisher, "the publish was cancelled")
+            raise
+        if self.resets:
+            LOGGER.info(
+                "relay %s: publishing again (after %d publish%s cut short)",
+                self.name,
+                self.resets,
+                "es" if self.resets != 1 else "",
+            )
+            self.resets = 0
+
+    async def reset(self, publisher: Publisher, what: str) -> bool:
+        """Reset the publisher (bounded by `RESET_TIMEOUT`), logging ``what`` happened;
+        returns whether it was reset."""
+        self.resets += 1
+        level = logging.WARNING if self.resets == 1 else logging.DEBUG
+        try:
+            async with asyncio.timeout(min(RESET_TIMEOUT, self.timeout)):
+                had_reset = await reset_publisher(publisher)
+        except Exception as exc:  # a timeout too: the next publish still tries afresh
+            LOGGER.warning(
+                "relay %s: %s; resetting the publisher failed: %s", self.name, what, describe(exc)
+            )
+            return False
+        if had_reset:
+            LOGGER.log(
+                level,
+                "relay %s: %s: its connection was reset (a network gone silent leaves it "
+                "half-open); the next publish reconnects",
+                self.name,
+                what,
+            )
+        else:
+            LOGGER.log(
+                level, "relay %s: %s (the publisher has no reset() to drop it)", self.name, what
+            )
+        return had_reset
 
 
 def settle(

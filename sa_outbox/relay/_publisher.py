@@ -14,6 +14,14 @@ them concurrently or pipelined; ``publish`` returns once the broker has taken ev
 - anything else: a bug or an error the publisher did not classify. The relay tries the
   batch's events one by one, so the error can be pinned on the event that causes it.
 
+A publish that does not finish within the relay's ``publish_timeout`` is cancelled. Its
+connection may then be half-open (the network went silent: no error, no answer), or left
+mid-request by the cancellation, so a publisher may also have ``async reset()``: drop its
+connection (channel, producer, client) without waiting on the broker, so that the next
+publish connects afresh. The relay calls it after every publish that timed out or was
+cancelled; `reset_publisher` is that call, and does nothing for a publisher without one
+(``reset`` is optional: `Publisher` checks only ``publish`` and ``aclose``).
+
 Examples:
     >>> class Printer:
     ...     async def publish(self, events):
@@ -23,10 +31,14 @@ Examples:
     ...         pass
     >>> isinstance(Printer(), Publisher)
     True
+    >>> import asyncio
+    >>> asyncio.run(reset_publisher(Printer()))  # no reset(): nothing to do
+    False
 """
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
@@ -34,7 +46,13 @@ from typing import Protocol, runtime_checkable
 from .._exceptions import SaOutboxError
 from ..queue._results import ClaimedEvent
 
-__all__ = ["EventsRejected", "PublishError", "Publisher", "PublisherUnavailable"]
+__all__ = [
+    "EventsRejected",
+    "PublishError",
+    "Publisher",
+    "PublisherUnavailable",
+    "reset_publisher",
+]
 
 
 @runtime_checkable
@@ -48,6 +66,10 @@ class Publisher(Protocol):
                     print(event.message_id, event.event_type, event.payload)
 
             async def aclose(self) -> None:
+                pass
+
+            # optional: drop the connection after a publish timed out or was cancelled
+            async def reset(self) -> None:
                 pass
     """
 
@@ -93,6 +115,29 @@ class EventsRejected(PublishError):
         detail = "" if first is None else f": {first[0]}: {first[1]}"
         n = len(self.rejected)
         super().__init__(f"the broker rejected {n} event{'s' if n != 1 else ''}{detail}")
+
+
+async def reset_publisher(publisher: object) -> bool:
+    """Call ``publisher.reset()`` if it has one (see the module); returns whether it had.
+
+    Examples:
+        >>> import asyncio
+        >>> class Connected:
+        ...     async def publish(self, events): ...
+        ...     async def aclose(self): ...
+        ...     async def reset(self):
+        ...         print("connection dropped")
+        >>> asyncio.run(reset_publisher(Connected()))
+        connection dropped
+        True
+    """
+    reset = getattr(publisher, "reset", None)
+    if reset is None or not callable(reset):
+        return False
+    result = reset()
+    if inspect.isawaitable(result):
+        await result
+    return True
 
 
 def ids_of(events: Sequence[ClaimedEvent]) -> list[uuid.UUID]:

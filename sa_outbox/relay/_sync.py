@@ -30,7 +30,16 @@ from ..queue._outbox import _OutboxOps
 from ..queue._results import ClaimedEvent
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
-from ._core import LOGGER, describe, finish, retry_wait, retryable, settle
+from ._core import (
+    LOGGER,
+    RESET_TIMEOUT,
+    GuardedPublisher,
+    describe,
+    finish,
+    retry_wait,
+    retryable,
+    settle,
+)
 from ._listen import DEAF_WARNING, SyncListener, WakePipe
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
@@ -66,7 +75,7 @@ class _Portal:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
-            future.cancel()
+            future.cancel()  # cancels the task on the loop (which resets a guarded publish)
             raise PublisherUnavailable(f"the publisher did not finish within {timeout} s") from None
 
     def close(self) -> None:
@@ -178,6 +187,9 @@ class Relay:
         #: The `RelayMetrics` hooks each cycle calls (``None``: none); may be set later.
         self.metrics = metrics
         self.publisher = publisher
+        self._guarded = GuardedPublisher(
+            self.settings.name, self.settings.publish_timeout.total_seconds()
+        )
         self._ops = _OutboxOps(
             model,
             clock=clock,
@@ -246,10 +258,11 @@ class Relay:
         error: BaseException | None = None
         sent, spans = traced_wave(wave)
         recorder.publishing()
+        # The publish is bounded on the loop, where a timeout also resets the publisher;
+        # the outer bound is only a guard against a publisher that ignores cancellation.
+        guard = self.settings.publish_timeout.total_seconds() + RESET_TIMEOUT + 1.0
         try:
-            self._portal.call(
-                self.publisher.publish(sent), self.settings.publish_timeout.total_seconds()
-            )
+            self._portal.call(self._guarded.publish(self.publisher, sent), guard)
         except Exception as exc:
             error = exc
         if spans is not None:
