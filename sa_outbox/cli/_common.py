@@ -10,12 +10,11 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .._connect_args import connect_args
 from .._exceptions import InvalidArgument, SaOutboxError
@@ -24,6 +23,9 @@ from .._pooler import prepare_for_pooler
 from ..metrics import JsonFormatter
 from ..schema import resolve_table
 from ..worker import JobApp
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 #: The environment variable commands read the database URL from when none is given.
 ENV_DATABASE_URL = "SA_OUTBOX_DATABASE_URL"

@@ -193,6 +193,7 @@ class DriverBase(abc.ABC, Generic[E]):
         #: Where the LISTEN connection goes (``None``: the engine's URL), see `listen_url`.
         self.listen_url = check_listen_url(listen_url)
         self._hold = False
+        self._stopping_logged = False  # the stop request's line, said once per run
         self.settings = make_settings(
             worker_id=worker_id,
             queues=queues,
@@ -310,6 +311,7 @@ class DriverBase(abc.ABC, Generic[E]):
         if self._stop_requested and not core.stopping:
             core.begin_shutdown()
             self._grace_over = now + self.settings.grace
+            self._log_stopping()  # unless the stop request's watch said it already
         grace_over = self._grace_over
         if core.stopping:
             assert grace_over is not None
@@ -336,6 +338,9 @@ class DriverBase(abc.ABC, Generic[E]):
     def _log_stopping(self, stuck: Sequence[str] = ()) -> None:
         """Say once, at the stop request, what the worker waits for: its running jobs, and
         a statement its loop or keeper waits on (``stuck``)."""
+        if self._stopping_logged:
+            return
+        self._stopping_logged = True
         log.info(
             "%s %s: stopping; waiting up to %g s (grace) for %s%s",
             self.name,
@@ -460,6 +465,7 @@ class DriverBase(abc.ABC, Generic[E]):
         """`run` starts (again, after a `stop`): no shutdown under way, and the scheduler
         starts afresh, as a new worker's would (a stopped worker's ticks are missed ones)."""
         self.core.stopping = False
+        self._stopping_logged = False
         if self.scheduler is not None:
             self.scheduler.reset()
             self._next_schedule = self.timer()
