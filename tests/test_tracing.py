@@ -41,7 +41,6 @@ from sa_outbox import (
     AsyncJobQueue,
     AsyncRelay,
     Backoff,
-    ClaimedEvent,
     FakeClock,
     InvalidArgument,
     InvalidArgumentType,
@@ -58,6 +57,7 @@ from sa_outbox import (
 )
 from sa_outbox.publishers.callable import CallablePublisher
 from sa_outbox.publishers.webhook import WebhookPublisher
+from sa_outbox.queue import ClaimedEvent
 from sa_outbox.statements import MAX_HEADERS_BYTES, claim_jobs
 
 from .brokers import REDIS, require

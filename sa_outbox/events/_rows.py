@@ -189,7 +189,8 @@ def decode_event(model: type, row: Any, *, session: Any = None) -> Any:
 
     Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
-        >>> from sa_outbox import OutboxMixin, ClaimedEvent
+        >>> from sa_outbox import OutboxMixin
+        >>> from sa_outbox.queue import ClaimedEvent
         >>> class Base(DeclarativeBase): pass
         >>> class OutboxEvent(OutboxMixin, Base): __tablename__ = "outbox"
         >>> class UserSignedUp(OutboxEvent):
