@@ -14,6 +14,7 @@ import sys
 import pytest
 
 import sa_outbox
+import sa_outbox.queue
 from sa_outbox import _MOVED
 
 
@@ -36,9 +37,8 @@ def test_an_old_root_name_resolves_with_a_warning_naming_its_home(name: str) -> 
 def test_from_import_of_an_old_name_warns_too() -> None:
     with pytest.warns(DeprecationWarning, match="import it from sa_outbox.queue"):
         from sa_outbox import JobRow
-    from sa_outbox.queue import JobRow as home
 
-    assert JobRow is home
+    assert JobRow is sa_outbox.queue.JobRow
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:
