@@ -19,8 +19,9 @@ Examples:
     JobQueue('jobs')
 """
 
-import importlib
-import warnings
+import importlib as _importlib
+import warnings as _warnings
+from typing import Any as _Any
 
 from ._backoff import Backoff
 from ._clock import Clock, DatabaseClock, FakeClock
@@ -223,7 +224,7 @@ _MOVED: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> _Any:
     """An old root name, with a warning naming the subpackage to import it from.
 
     Examples:
@@ -239,9 +240,9 @@ def __getattr__(name: str) -> object:
     module = _MOVED.get(name)
     if module is None:
         raise AttributeError(f"module 'sa_outbox' has no attribute {name!r}")
-    warnings.warn(
+    _warnings.warn(
         f"sa_outbox.{name} is deprecated: import it from {module}",
         DeprecationWarning,
         stacklevel=2,
     )
-    return getattr(importlib.import_module(module), name)
+    return getattr(_importlib.import_module(module), name)
