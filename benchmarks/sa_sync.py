@@ -50,7 +50,7 @@ class Acknowledged:
     """
 
     def __init__(self, n: int) -> None:
-        from sa_outbox import WorkerMetrics
+        from sa_outbox.worker import WorkerMetrics
 
         outer = self
 

@@ -158,7 +158,8 @@ class _SaSync(_Design):
     def process(self, n: int, processed: _Counter) -> None:
         from sqlalchemy import create_engine
 
-        from sa_outbox import JobApp, Worker, WorkerMetrics
+        from sa_outbox import JobApp, Worker
+        from sa_outbox.worker import WorkerMetrics
 
         app = JobApp(self.models.job)
         app.register("noop", lambda job: None)

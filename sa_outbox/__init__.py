@@ -1,9 +1,12 @@
 """sa-outbox: a job queue and a transactional outbox in your own PostgreSQL, through SQLAlchemy.
 
-Every public name of the packages below is importable from here too: the models' mixins
-(`sa_outbox.schema`), the statements (`sa_outbox.statements`), `JobQueue` and `Outbox`
-(`sa_outbox.queue`), the unit of work (`sa_outbox.events`), the worker, the relay and
-upkeep (`sa_outbox.worker`, `sa_outbox.relay`, `sa_outbox.maintenance`).
+The root holds what an application types first: the models' mixins, `JobQueue` and
+`Outbox`, `enqueue` and `install`, `JobApp` and `Worker`, `Relay`, the retention and vacuum
+policies, the clocks and the exceptions. The rest lives in its subpackage: the typed results
+and the inspection of a queue (`queue_status`, `list_jobs`, their rows) in `sa_outbox.queue`,
+the upkeep reports and `table_health` in `sa_outbox.maintenance`, the worker's metrics,
+cancellation and reclaimer in `sa_outbox.worker`, the relay's report and metrics in
+`sa_outbox.relay`, the statements in `sa_outbox.statements`.
 
 Examples:
     >>> from sqlalchemy.orm import DeclarativeBase
@@ -15,6 +18,10 @@ Examples:
     >>> sa_outbox.JobQueue(Job)
     JobQueue('jobs')
 """
+
+import importlib as _importlib
+import warnings as _warnings
+from typing import Any as _Any
 
 from ._backoff import Backoff
 from ._clock import Clock, DatabaseClock, FakeClock
@@ -33,62 +40,22 @@ from .events import UnknownEventType, decode_event, enqueue, event_types, instal
 from .maintenance import (
     AsyncPruner,
     AsyncVacuumer,
-    HealthReport,
-    PartitionHealth,
-    PartitionReport,
     Pruner,
-    PruneReport,
     Retention,
-    TableHealth,
     Vacuumer,
     VacuumPolicy,
-    VacuumReport,
-    XminHolder,
     amaintain_partitions,
     maintain_partitions,
-    table_health,
 )
 from .queue import (
     AsyncInbox,
     AsyncJobQueue,
     AsyncOutbox,
     AsyncQueueControl,
-    BatchResult,
-    CancelResult,
-    ClaimedEvent,
-    ClaimedJob,
-    ConnectedWorker,
-    EnqueueResult,
-    EventRow,
     Inbox,
-    JobCount,
     JobQueue,
-    JobRow,
-    JobsStatus,
     Outbox,
-    OutboxStatus,
-    ParkedEvent,
-    PausedQueue,
     QueueControl,
-    QueueDepth,
-    QueueStatus,
-    ReclaimedJob,
-    RejectedEvent,
-    RetriedJobs,
-    RetryResult,
-    RunningJob,
-    ThroughputMinute,
-    WorkerJobs,
-    get_event,
-    get_job,
-    list_events,
-    list_jobs,
-    list_running_jobs,
-    queue_depths,
-    queue_status,
-    retry_failed,
-    retry_parked,
-    throughput_by_minute,
 )
 from .relay import (
     AsyncRelay,
@@ -97,8 +64,6 @@ from .relay import (
     PublishError,
     PublisherUnavailable,
     Relay,
-    RelayMetrics,
-    RelayReport,
 )
 from .schema import (
     InboxDataclassMixin,
@@ -113,62 +78,40 @@ from .schema import (
 )
 from .statements import ClaimLimits, Limit, NewJob, Unique
 from .worker import (
-    ALL_KINDS,
-    AsyncReclaimer,
     AsyncWorker,
-    CancelReason,
-    CancelToken,
-    CountingMetrics,
     DatabaseUnreachable,
     InvalidPayload,
     JobApp,
     JobCancelled,
     JobContext,
-    JobOutcome,
     JobTimeout,
     PermanentError,
-    Reclaimer,
     Schedule,
     Snooze,
     Supervisor,
     UnknownJobKind,
     Worker,
-    WorkerMetrics,
     periodic_tick,
-    schedule_status,
 )
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
-    "ALL_KINDS",
     "AsyncInbox",
     "AsyncJobQueue",
     "AsyncOutbox",
     "AsyncPruner",
     "AsyncQueueControl",
-    "AsyncReclaimer",
     "AsyncRelay",
     "AsyncVacuumer",
     "AsyncWorker",
     "Backoff",
-    "BatchResult",
-    "CancelReason",
-    "CancelResult",
-    "CancelToken",
     "ClaimLimits",
-    "ClaimedEvent",
-    "ClaimedJob",
     "Clock",
-    "ConnectedWorker",
-    "CountingMetrics",
     "DatabaseClock",
     "DatabaseUnreachable",
-    "EnqueueResult",
-    "EventRow",
     "EventsRejected",
     "FakeClock",
-    "HealthReport",
     "Inbox",
     "InboxDataclassMixin",
     "InboxMixin",
@@ -178,15 +121,11 @@ __all__ = [
     "JobApp",
     "JobCancelled",
     "JobContext",
-    "JobCount",
     "JobDataclassMixin",
     "JobMixin",
-    "JobOutcome",
     "JobQueue",
-    "JobRow",
     "JobStatus",
     "JobTimeout",
-    "JobsStatus",
     "LeaseLost",
     "Limit",
     "MissingExtra",
@@ -194,50 +133,28 @@ __all__ = [
     "Outbox",
     "OutboxDataclassMixin",
     "OutboxMixin",
-    "OutboxStatus",
-    "ParkedEvent",
-    "PartitionHealth",
-    "PartitionReport",
-    "PausedQueue",
     "PayloadNotSerializable",
     "PayloadTooLarge",
     "PermanentError",
-    "PruneReport",
     "Pruner",
     "PublishError",
     "Publisher",
     "PublisherUnavailable",
     "QueueControl",
-    "QueueDepth",
     "QueuePauseMixin",
-    "QueueStatus",
     "RateLimitLogMixin",
-    "ReclaimedJob",
-    "Reclaimer",
-    "RejectedEvent",
     "Relay",
-    "RelayMetrics",
-    "RelayReport",
     "Retention",
-    "RetriedJobs",
-    "RetryResult",
-    "RunningJob",
     "SaOutboxError",
     "Schedule",
     "Snooze",
     "Supervisor",
-    "TableHealth",
-    "ThroughputMinute",
     "Unique",
     "UnknownEventType",
     "UnknownJobKind",
     "VacuumPolicy",
-    "VacuumReport",
     "Vacuumer",
     "Worker",
-    "WorkerJobs",
-    "WorkerMetrics",
-    "XminHolder",
     "__version__",
     "amaintain_partitions",
     "connect_args",
@@ -245,19 +162,87 @@ __all__ = [
     "embedded_database_url",
     "enqueue",
     "event_types",
-    "get_event",
-    "get_job",
     "install",
-    "list_events",
-    "list_jobs",
-    "list_running_jobs",
     "maintain_partitions",
     "periodic_tick",
-    "queue_depths",
-    "queue_status",
-    "retry_failed",
-    "retry_parked",
-    "schedule_status",
-    "table_health",
-    "throughput_by_minute",
 ]
+
+#: Names the root used to export that now live in their subpackage only: still
+#: importable from here for one release, with a `DeprecationWarning` naming their home.
+_MOVED: dict[str, str] = {
+    "BatchResult": "sa_outbox.queue",
+    "CancelResult": "sa_outbox.queue",
+    "ClaimedEvent": "sa_outbox.queue",
+    "ClaimedJob": "sa_outbox.queue",
+    "ConnectedWorker": "sa_outbox.queue",
+    "EnqueueResult": "sa_outbox.queue",
+    "EventRow": "sa_outbox.queue",
+    "get_event": "sa_outbox.queue",
+    "get_job": "sa_outbox.queue",
+    "JobCount": "sa_outbox.queue",
+    "JobRow": "sa_outbox.queue",
+    "JobsStatus": "sa_outbox.queue",
+    "list_events": "sa_outbox.queue",
+    "list_jobs": "sa_outbox.queue",
+    "list_running_jobs": "sa_outbox.queue",
+    "OutboxStatus": "sa_outbox.queue",
+    "ParkedEvent": "sa_outbox.queue",
+    "PausedQueue": "sa_outbox.queue",
+    "queue_depths": "sa_outbox.queue",
+    "queue_status": "sa_outbox.queue",
+    "QueueDepth": "sa_outbox.queue",
+    "QueueStatus": "sa_outbox.queue",
+    "ReclaimedJob": "sa_outbox.queue",
+    "RejectedEvent": "sa_outbox.queue",
+    "RetriedJobs": "sa_outbox.queue",
+    "retry_failed": "sa_outbox.queue",
+    "retry_parked": "sa_outbox.queue",
+    "RetryResult": "sa_outbox.queue",
+    "RunningJob": "sa_outbox.queue",
+    "throughput_by_minute": "sa_outbox.queue",
+    "ThroughputMinute": "sa_outbox.queue",
+    "WorkerJobs": "sa_outbox.queue",
+    "HealthReport": "sa_outbox.maintenance",
+    "PartitionHealth": "sa_outbox.maintenance",
+    "PartitionReport": "sa_outbox.maintenance",
+    "PruneReport": "sa_outbox.maintenance",
+    "table_health": "sa_outbox.maintenance",
+    "TableHealth": "sa_outbox.maintenance",
+    "VacuumReport": "sa_outbox.maintenance",
+    "XminHolder": "sa_outbox.maintenance",
+    "RelayMetrics": "sa_outbox.relay",
+    "RelayReport": "sa_outbox.relay",
+    "ALL_KINDS": "sa_outbox.worker",
+    "AsyncReclaimer": "sa_outbox.worker",
+    "CancelReason": "sa_outbox.worker",
+    "CancelToken": "sa_outbox.worker",
+    "CountingMetrics": "sa_outbox.worker",
+    "JobOutcome": "sa_outbox.worker",
+    "Reclaimer": "sa_outbox.worker",
+    "schedule_status": "sa_outbox.worker",
+    "WorkerMetrics": "sa_outbox.worker",
+}
+
+
+def __getattr__(name: str) -> _Any:
+    """An old root name, with a warning naming the subpackage to import it from.
+
+    Examples:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     import sa_outbox.queue
+        ...     sa_outbox.JobRow is sa_outbox.queue.JobRow
+        True
+        >>> print(caught[0].message)
+        sa_outbox.JobRow is deprecated: import it from sa_outbox.queue
+    """
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sa_outbox' has no attribute {name!r}")
+    _warnings.warn(
+        f"sa_outbox.{name} is deprecated: import it from {module}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(_importlib.import_module(module), name)

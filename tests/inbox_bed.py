@@ -25,8 +25,9 @@ from typing import Any
 from sqlalchemy import Engine, Text, func, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from sa_outbox import ClaimedEvent, Inbox, InboxMixin
+from sa_outbox import Inbox, InboxMixin
 from sa_outbox.consumers import ReceivedMessage
+from sa_outbox.queue import ClaimedEvent
 
 from .brokers import NATS, RABBITMQ, REDIS
 from .conftest import TEST_SCHEMA

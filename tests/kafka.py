@@ -152,8 +152,9 @@ def relay() -> object:
     from sqlalchemy import create_engine
     from sqlalchemy.orm import DeclarativeBase
 
-    from sa_outbox import ClaimedEvent, OutboxMixin
+    from sa_outbox import OutboxMixin
     from sa_outbox.publishers.kafka import KafkaPublisher
+    from sa_outbox.queue import ClaimedEvent
     from sa_outbox.relay import Relay
 
     class HangingKafkaPublisher(KafkaPublisher):

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from sqlalchemy import create_engine
 from sqlalchemy.orm import DeclarativeBase
 
-from sa_outbox import ClaimedEvent, OutboxMixin
+from sa_outbox import OutboxMixin
 from sa_outbox.publishers.redis import RedisStreamsPublisher
+from sa_outbox.queue import ClaimedEvent
 from sa_outbox.relay import Relay
 
 from .brokers import REDIS

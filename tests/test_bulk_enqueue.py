@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session
 
 from sa_outbox import (
     AsyncJobQueue,
-    EnqueueResult,
     FakeClock,
     InvalidArgument,
     InvalidArgumentType,
@@ -31,6 +30,7 @@ from sa_outbox import (
 )
 from sa_outbox._ids import uuid7, uuid7_hex
 from sa_outbox._json import compact_json, fast_compact_json
+from sa_outbox.queue import EnqueueResult
 from sa_outbox.queue._copy import _COLUMNS, _append_checked, plan_copy
 from sa_outbox.statements import listen_sql
 

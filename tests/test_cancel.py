@@ -22,22 +22,19 @@ from sa_outbox import (
     AsyncJobQueue,
     AsyncWorker,
     Backoff,
-    CancelReason,
-    CountingMetrics,
     FakeClock,
     InvalidArgument,
     JobApp,
     JobContext,
-    JobOutcome,
     JobQueue,
     JobStatus,
     NewJob,
     Pruner,
-    Reclaimer,
     Retention,
     Snooze,
     Worker,
 )
+from sa_outbox.worker import CancelReason, CountingMetrics, JobOutcome, Reclaimer
 
 from .conftest import Job
 from .helpers import job_row, jobs_by_status

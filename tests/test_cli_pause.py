@@ -25,10 +25,9 @@ from sa_outbox import (
     QueueControl,
     QueuePauseMixin,
     Worker,
-    queue_depths,
-    queue_status,
 )
 from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL, run_admin
+from sa_outbox.queue import queue_depths, queue_status
 
 from .conftest import TEST_SCHEMA, Job
 from .helpers import assert_one_line_error, cli_exit, jobs_by_status, wait_until

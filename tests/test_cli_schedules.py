@@ -10,8 +10,9 @@ import json
 import pytest
 from sqlalchemy import Engine
 
-from sa_outbox import JobApp, JobQueue, schedule_status
+from sa_outbox import JobApp, JobQueue
 from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL
+from sa_outbox.worker import schedule_status
 
 from .conftest import Job
 from .helpers import assert_one_line_error, jobs_by_status

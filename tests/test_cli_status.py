@@ -12,11 +12,12 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from sa_outbox import JobQueue, NewJob, queue_status
+from sa_outbox import JobQueue, NewJob
 from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL
 from sa_outbox.cli import database_url as cli_database_url
 from sa_outbox.cli._common import _engine
 from sa_outbox.cli._status import CLEAR
+from sa_outbox.queue import queue_status
 
 from .conftest import Job, OutboxEvent
 from .helpers import assert_one_line_error, cli_exit

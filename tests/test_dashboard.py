@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from sa_outbox import FakeClock, JobQueue, list_running_jobs, throughput_by_minute
+from sa_outbox import FakeClock, JobQueue
+from sa_outbox.queue import list_running_jobs, throughput_by_minute
 from sa_outbox.statements import NewJob
 
 from .conftest import TEST_SCHEMA, Job, OutboxEvent

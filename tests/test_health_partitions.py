@@ -20,15 +20,9 @@ import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, text
 from sqlalchemy.orm import DeclarativeBase
 
-from sa_outbox import (
-    JobMixin,
-    OutboxMixin,
-    PartitionHealth,
-    Vacuumer,
-    VacuumPolicy,
-    table_health,
-)
+from sa_outbox import JobMixin, OutboxMixin, Vacuumer, VacuumPolicy
 from sa_outbox.cli._maintenance import _format_health
+from sa_outbox.maintenance import PartitionHealth, table_health
 from sa_outbox.statements import partition_stats, table_stats, vacuum_candidates
 
 from .conftest import Job as PlainJob
@@ -230,7 +224,7 @@ def test_the_vacuum_reaches_a_sub_partition(engine: Engine, two_levels: Table) -
 
 
 def test_partition_health_is_exported() -> None:
-    import sa_outbox
     from sa_outbox import maintenance
 
-    assert sa_outbox.PartitionHealth is maintenance.PartitionHealth is PartitionHealth
+    assert "PartitionHealth" in maintenance.__all__
+    assert maintenance.PartitionHealth is PartitionHealth

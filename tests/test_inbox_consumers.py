@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sa_outbox import ClaimedEvent, InvalidArgumentType
+from sa_outbox import InvalidArgumentType
 from sa_outbox._wire import sign
 from sa_outbox.consumers import (
     InvalidSignature,
@@ -29,6 +29,7 @@ from sa_outbox.consumers import (
     from_webhook,
     verify_signature,
 )
+from sa_outbox.queue import ClaimedEvent
 
 from .brokers import NATS, RABBITMQ, REDIS, require
 

@@ -532,7 +532,7 @@ def test_webhook_relay_killed_each_event_applied_once_and_forgeries_refused(
     assert_applied_exactly_once(engine, ids, receiver.deliveries, receiver.accepted)
 
     # Requests that are not the publisher's: a changed body, no or a wrong signature.
-    from sa_outbox import ClaimedEvent
+    from sa_outbox.queue import ClaimedEvent
 
     forged_id = uuid.uuid4()
     event = ClaimedEvent(

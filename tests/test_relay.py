@@ -20,8 +20,9 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session
 
-from sa_outbox import Backoff, ClaimedEvent, FakeClock, InvalidArgument, Outbox, VacuumPolicy
+from sa_outbox import Backoff, FakeClock, InvalidArgument, Outbox, VacuumPolicy
 from sa_outbox.publishers.callable import CallablePublisher
+from sa_outbox.queue import ClaimedEvent
 from sa_outbox.relay import EventsRejected, PublisherUnavailable, Relay
 
 from .conftest import TEST_SCHEMA, OutboxEvent

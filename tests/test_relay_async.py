@@ -12,8 +12,9 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sa_outbox import AsyncOutbox, ClaimedEvent, FakeClock, Outbox
+from sa_outbox import AsyncOutbox, FakeClock, Outbox
 from sa_outbox.publishers.callable import CallablePublisher
+from sa_outbox.queue import ClaimedEvent
 from sa_outbox.relay import AsyncRelay, PublisherUnavailable
 
 from .conftest import TEST_SCHEMA, OutboxEvent

@@ -25,23 +25,18 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sa_outbox import (
-    Backoff,
-    ClaimedEvent,
-    FakeClock,
-    InvalidArgumentType,
-    Outbox,
-    RelayMetrics,
-    RelayReport,
-)
+from sa_outbox import Backoff, FakeClock, InvalidArgumentType, Outbox
 from sa_outbox.metrics import PrometheusRelayMetrics, QueueStatusCollector, serve_metrics
 from sa_outbox.publishers.callable import CallablePublisher
+from sa_outbox.queue import ClaimedEvent
 from sa_outbox.relay import (
     AsyncRelay,
     CountingRelayMetrics,
     PublisherUnavailable,
     PublishOutcome,
     Relay,
+    RelayMetrics,
+    RelayReport,
 )
 
 from .brokers import REDIS, require

@@ -24,9 +24,9 @@ from sa_outbox import (
     Pruner,
     Retention,
     Worker,
-    table_health,
 )
 from sa_outbox.cli import ENV_DATABASE_URL, main
+from sa_outbox.maintenance import table_health
 from sa_outbox.statements import prune_lock
 
 from .conftest import Job, OutboxEvent

@@ -19,20 +19,18 @@ from sqlalchemy import Engine
 from sa_outbox import (
     AsyncWorker,
     Backoff,
-    CountingMetrics,
     FakeClock,
     InvalidArgument,
     InvalidArgumentType,
     JobApp,
     JobContext,
-    JobOutcome,
     JobQueue,
     NewJob,
-    Reclaimer,
     Snooze,
     Worker,
 )
 from sa_outbox import statements as st
+from sa_outbox.worker import CountingMetrics, JobOutcome, Reclaimer
 
 from .conftest import Job
 from .helpers import job_row, jobs_by_status

@@ -41,7 +41,6 @@ from sa_outbox import (
     AsyncJobQueue,
     AsyncRelay,
     Backoff,
-    ClaimedEvent,
     FakeClock,
     InvalidArgument,
     InvalidArgumentType,
@@ -58,6 +57,7 @@ from sa_outbox import (
 )
 from sa_outbox.publishers.callable import CallablePublisher
 from sa_outbox.publishers.webhook import WebhookPublisher
+from sa_outbox.queue import ClaimedEvent
 from sa_outbox.statements import MAX_HEADERS_BYTES, claim_jobs
 
 from .brokers import REDIS, require
@@ -448,7 +448,8 @@ def test_without_opentelemetry_the_library_works_and_traces_nothing() -> None:
         "import sys, uuid\n"
         "sys.modules['opentelemetry'] = None\n"
         "import sa_outbox, sa_outbox.cli\n"
-        "from sa_outbox import ClaimedJob, ClaimedEvent, JobContext, statements as st\n"
+        "from sa_outbox import JobContext, statements as st\n"
+        "from sa_outbox.queue import ClaimedEvent, ClaimedJob\n"
         "from sa_outbox._tracing import AVAILABLE, current_trace_headers\n"
         "from sa_outbox.relay._spans import traced_wave\n"
         "from sa_outbox.worker._spans import job_span\n"

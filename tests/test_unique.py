@@ -41,9 +41,9 @@ from sa_outbox import (
     NewJob,
     Unique,
     Worker,
-    retry_failed,
 )
 from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL
+from sa_outbox.queue import EnqueueResult, retry_failed
 from sa_outbox.statements import retry_failed_jobs, select_unique_held_failed_jobs, snooze_job
 
 from .conftest import TEST_SCHEMA, WORKER_T0, Job
@@ -82,7 +82,7 @@ def test_eight_connections_enqueue_the_same_unique_job_at_once_and_one_is_insert
 ) -> None:
     queue = JobQueue(Job)
     start = threading.Barrier(8)
-    results: dict[int, sa_outbox.EnqueueResult] = {}
+    results: dict[int, EnqueueResult] = {}
     errors: list[BaseException] = []
 
     def enqueue(n: int) -> None:

@@ -24,28 +24,30 @@ import pytest
 from sqlalchemy import Engine, select, text
 
 from sa_outbox import (
-    ALL_KINDS,
     AsyncWorker,
     Backoff,
-    CancelReason,
-    CountingMetrics,
     FakeClock,
     InvalidArgument,
     InvalidArgumentType,
     InvalidPayload,
     JobApp,
     JobContext,
-    JobOutcome,
     JobQueue,
     NewJob,
     PayloadNotSerializable,
     PermanentError,
-    Reclaimer,
     Worker,
-    WorkerMetrics,
 )
 from sa_outbox.schema._notify_trigger import job_notify_channel
 from sa_outbox.statements import listen_sql
+from sa_outbox.worker import (
+    ALL_KINDS,
+    CancelReason,
+    CountingMetrics,
+    JobOutcome,
+    Reclaimer,
+    WorkerMetrics,
+)
 
 from .conftest import TEST_SCHEMA, Job
 from .helpers import job_row, jobs_by_status, wait_until

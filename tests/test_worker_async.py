@@ -16,19 +16,16 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sa_outbox import (
-    AsyncReclaimer,
     AsyncWorker,
     Backoff,
-    CancelReason,
-    CountingMetrics,
     FakeClock,
     JobApp,
     JobContext,
-    JobOutcome,
     JobQueue,
     NewJob,
     PermanentError,
 )
+from sa_outbox.worker import AsyncReclaimer, CancelReason, CountingMetrics, JobOutcome
 
 from .conftest import Job
 from .helpers import job_row, jobs_by_status

@@ -20,18 +20,16 @@ from sqlalchemy.dialects import postgresql
 
 from sa_outbox import (
     Backoff,
-    CountingMetrics,
     FakeClock,
     InvalidArgument,
     JobApp,
     JobContext,
-    JobOutcome,
     JobQueue,
     NewJob,
-    Reclaimer,
     Worker,
 )
 from sa_outbox import statements as st
+from sa_outbox.worker import CountingMetrics, JobOutcome, Reclaimer
 
 from .conftest import Job
 from .helpers import job_row, jobs_by_status

@@ -20,7 +20,6 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from sa_outbox import (
-    ALL_KINDS,
     AsyncWorker,
     DatabaseUnreachable,
     FakeClock,
@@ -32,6 +31,7 @@ from sa_outbox import (
     Worker,
 )
 from sa_outbox._sqlstate import is_bad_data, is_configuration_error, is_transient, sqlstate_of
+from sa_outbox.worker import ALL_KINDS
 
 from .conftest import Job
 from .helpers import job_row, jobs_by_status

@@ -33,18 +33,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase
 
-from sa_outbox import (
-    CancelReason,
-    CountingMetrics,
-    FakeClock,
-    JobApp,
-    JobContext,
-    JobMixin,
-    JobQueue,
-    NewJob,
-    Reclaimer,
-    Worker,
-)
+from sa_outbox import FakeClock, JobApp, JobContext, JobMixin, JobQueue, NewJob, Worker
+from sa_outbox.worker import CancelReason, CountingMetrics, Reclaimer
 
 from . import worker_app
 from .helpers import wait_until

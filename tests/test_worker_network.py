@@ -35,20 +35,19 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from sa_outbox import (
     AsyncWorker,
-    CancelReason,
     DatabaseUnreachable,
     FakeClock,
     JobApp,
     JobContext,
     JobQueue,
     Pruner,
-    Reclaimer,
     Relay,
     Vacuumer,
     Worker,
     connect_args,
 )
 from sa_outbox.publishers.callable import CallablePublisher
+from sa_outbox.worker import CancelReason, Reclaimer
 
 from . import worker_app
 from .blackhole import BlackholeProxy

@@ -12,9 +12,10 @@ from typing import Any
 import click
 from flask import Flask
 
-from sa_outbox import ClaimedEvent, Relay, Worker
+from sa_outbox import Relay, Worker
 from sa_outbox.cli import run_admin
 from sa_outbox.publishers.callable import CallablePublisher
+from sa_outbox.queue import ClaimedEvent
 
 from .models import Job, OutboxEvent, PausedQueue, db
 from .tasks import make_job_app

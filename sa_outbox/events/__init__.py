@@ -1,7 +1,9 @@
 """The unit of work: domain events and jobs written in the user's own session.
 
 `install` sets the flush hook (for every session flavour) that turns domain events into
-outbox rows (`event_row`, and back: `decode_event`); `enqueue` adds a job in the session.
+outbox rows (and back: `decode_event`); `enqueue` adds a job in the session. What a domain
+event is, how it becomes a row's values and how a row becomes an event again, is the schema
+layer's domain-event module; this package writes the rows in the unit of work.
 
 Examples:
     >>> import sa_outbox
@@ -9,8 +11,7 @@ Examples:
     True
 """
 
-from ..schema._event_types import UnknownEventType, event_types
-from ._rows import decode_event
+from ..schema._event_types import UnknownEventType, decode_event, event_types
 from ._session_hooks import enqueue, install
 
 __all__ = ["UnknownEventType", "decode_event", "enqueue", "event_types", "install"]

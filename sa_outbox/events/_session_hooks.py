@@ -30,15 +30,21 @@ from .._tracing import current_trace_headers
 from ..queue._job_queue import AsyncJobQueue, JobQueue
 from ..queue._results import EnqueueResult
 from ..schema import JobMixin, OutboxMixin, resolve_table
-from ..schema._event_types import added_order, field_values, is_domain_event, mark_added
+from ..schema._event_types import (
+    added_order,
+    event_record,
+    field_values,
+    is_domain_event,
+    mark_added,
+)
 from ..statements import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
+    NewEvent,
     Unique,
     append_events,
     check_event,
 )
-from ._rows import event_row
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -75,10 +81,10 @@ def _before_flush(session: Session, flush_context: UOWTransaction, instances: ob
     # Every event is checked before the session changes and before the flush sends any SQL
     # (before_flush runs ahead of the flush's transaction): a bad one raises here, stays in
     # the session, and the caller's transaction is untouched. The waiting ones are checked
-    # with their aggregate's future key standing as 0 (`event_row(provisional=True)`).
+    # with their aggregate's future key standing as 0 (`_event_row(provisional=True)`).
     statements = _statements(now)
     for obj in later:
-        check_event(event_row(obj, provisional=True))
+        check_event(_event_row(obj, provisional=True))
     for obj in events:
         session.expunge(obj)
     _execute(session, statements)
@@ -102,10 +108,23 @@ def _waits_for_flush(event_obj: object) -> bool:
     return False
 
 
+def _event_row(event: object, *, provisional: bool = False) -> NewEvent:
+    """The outbox row `append_events` writes for a domain event (`event_record`'s values)."""
+    record = event_record(event, provisional=provisional)
+    return NewEvent(
+        event_type=record.event_type,
+        aggregate_type=record.aggregate_type,
+        aggregate_id=record.aggregate_id,
+        payload=record.payload,
+        headers=record.headers,
+        id=record.id,
+    )
+
+
 def _statements(events: list[Any]) -> list[tuple[type, Executable]]:
     """One `append_events` per outbox table, built (so checked) before anything runs."""
     return [
-        (model, append_events(model, [event_row(obj) for obj in group])[0])
+        (model, append_events(model, [_event_row(obj) for obj in group])[0])
         for model, group in _by_table(events)
     ]
 

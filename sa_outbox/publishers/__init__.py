@@ -20,7 +20,7 @@ imports no client library; each module imports its own.
 Examples:
     >>> from sa_outbox.publishers import message_headers
     >>> import uuid
-    >>> from sa_outbox import ClaimedEvent
+    >>> from sa_outbox.queue import ClaimedEvent
     >>> event = ClaimedEvent(uuid.UUID(int=1), 7, "OrderPlaced", "order", "42", {}, {}, 1,
     ...                      None, uuid.UUID(int=2), None)
     >>> message_headers(event)["outbox-seq"]

@@ -8,7 +8,7 @@ win no clash with these.
 
 Examples:
     >>> import uuid
-    >>> from sa_outbox import ClaimedEvent
+    >>> from sa_outbox.queue import ClaimedEvent
     >>> event = ClaimedEvent(uuid.UUID(int=1), 7, "OrderPlaced", "order", "42",
     ...                      {"total": 12}, {"trace": "t1"}, 1, None, uuid.UUID(int=2), None)
     >>> body_of(event)
@@ -76,7 +76,7 @@ def envelope_of(event: ClaimedEvent) -> dict[str, Any]:
 
     Examples:
         >>> import uuid
-        >>> from sa_outbox import ClaimedEvent
+        >>> from sa_outbox.queue import ClaimedEvent
         >>> event = ClaimedEvent(uuid.UUID(int=1), 7, "OrderPlaced", "order", "42", {}, {},
         ...                      1, None, uuid.UUID(int=2), None)
         >>> sorted(envelope_of(event))  # doctest: +NORMALIZE_WHITESPACE

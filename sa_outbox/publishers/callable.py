@@ -2,7 +2,7 @@
 
 Examples:
     >>> import asyncio, uuid
-    >>> from sa_outbox import ClaimedEvent
+    >>> from sa_outbox.queue import ClaimedEvent
     >>> seen = []
     >>> publisher = CallablePublisher(lambda event: seen.append(event.message_id))
     >>> event = ClaimedEvent(uuid.UUID(int=1), 1, "OrderPlaced", "order", "42", {}, {}, 1,

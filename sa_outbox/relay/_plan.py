@@ -9,7 +9,7 @@ order, behind the failed one). A broker that cannot be reached stops the whole b
 
 Examples:
     >>> import uuid
-    >>> from sa_outbox import ClaimedEvent
+    >>> from sa_outbox.queue import ClaimedEvent
     >>> def event(n, aggregate):
     ...     return ClaimedEvent(uuid.UUID(int=n), n, "E", "order", aggregate, {}, {}, 1, None,
     ...                         uuid.UUID(int=100 + n), None)

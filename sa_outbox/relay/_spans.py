@@ -29,7 +29,7 @@ def event_attributes(event: ClaimedEvent) -> dict[str, str | int | bool]:
     """The span attributes of publishing ``event``.
 
     Examples:
-        >>> from sa_outbox import ClaimedEvent
+        >>> from sa_outbox.queue import ClaimedEvent
         >>> event = ClaimedEvent(uuid.UUID(int=1), 7, "OrderPlaced", "order", "42", {}, {}, 1,
         ...                      None, uuid.UUID(int=2), None)
         >>> event_attributes(event)["sa_outbox.event.seq"]

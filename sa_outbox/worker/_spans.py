@@ -8,7 +8,7 @@ costs one test of a constant.
 
 Examples:
     >>> import uuid
-    >>> from sa_outbox import ClaimedJob
+    >>> from sa_outbox.queue import ClaimedJob
     >>> job = ClaimedJob(uuid.UUID(int=1), "default", "send-email", {}, 0, None, 1, 8, None,
     ...                  uuid.UUID(int=2), "w1", None, None)
     >>> job_span(job, "w1") is None  # no headers: no span
@@ -29,7 +29,7 @@ def job_attributes(job: ClaimedJob, worker_id: str) -> dict[str, str | int | boo
 
     Examples:
         >>> import uuid
-        >>> from sa_outbox import ClaimedJob
+        >>> from sa_outbox.queue import ClaimedJob
         >>> job = ClaimedJob(uuid.UUID(int=1), "emails", "send-email", {}, 0, None, 2, 8,
         ...                  None, uuid.UUID(int=2), "w1", None, None)
         >>> job_attributes(job, "w1")["sa_outbox.job.attempt"]

@@ -2,7 +2,7 @@
 
 Examples:
     >>> import uuid
-    >>> from sa_outbox import ClaimedJob
+    >>> from sa_outbox.queue import ClaimedJob
     >>> claimed = ClaimedJob(id=uuid.UUID(int=1), queue="default", kind="send-email",
     ...                      payload={"to": "ana@example.com"}, priority=0, run_at=None,
     ...                      attempts=1, max_attempts=8, lease_until=None,
