@@ -1,9 +1,9 @@
 """docs/architecture.md tells the truth, and the import-layer check catches a wrong import.
 
 Every module path and dotted name the page gives must exist; every subpackage has its
-layer and what it may import on the page (not in its docstring, which is for users); and
-``lint-imports`` run on a copy of the package with one upward import added must fail,
-naming the contract it broke.
+layer and what it may import on the page (not in its docstring, which is for users); a
+module over 600 lines says in its docstring why it stays whole; and ``lint-imports`` run on
+a copy of the package with one upward import added must fail, naming the contract it broke.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 import sa_outbox
+
+from . import architecture_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = (ROOT / "docs" / "architecture.md").read_text()
@@ -60,6 +62,39 @@ def test_every_name_on_the_page_exists(dotted):
 )
 def test_every_path_on_the_page_exists(path):
     assert (ROOT / path).exists(), path
+
+
+def test_no_module_over_the_limit_without_a_reason():
+    """A module over 600 lines says in its docstring why it stays whole."""
+    silent = [
+        f"{path} ({lines} lines)"
+        for path, lines, says in architecture_counts.long_modules()
+        if not says
+    ]
+    assert not silent, (
+        f"over {architecture_counts.MAX_LINES} lines, and no sentence beginning "
+        f"{architecture_counts.WHOLE_MARK!r} in the docstring: {silent}"
+    )
+
+
+def test_the_size_check_reads_the_docstring_only(tmp_path, monkeypatch):
+    """The reason counts in the module's docstring, not in a comment or a later string."""
+    package = tmp_path / "sa_outbox"
+    package.mkdir()
+    body = "\n" * architecture_counts.MAX_LINES
+    (package / "_long.py").write_text(
+        f'"""A long module."""\n# {architecture_counts.WHOLE_MARK}\n{body}'
+    )
+    (package / "_kept.py").write_text(
+        f'"""Long. {architecture_counts.WHOLE_MARK} reasons."""\n{body}'
+    )
+    (package / "_short.py").write_text('"""Short."""\n')
+    monkeypatch.setattr(architecture_counts, "ROOT", tmp_path)
+    monkeypatch.setattr(architecture_counts, "PACKAGE", package)
+    assert sorted((path, says) for path, _lines, says in architecture_counts.long_modules()) == [
+        ("sa_outbox/_kept.py", True),
+        ("sa_outbox/_long.py", False),
+    ]
 
 
 def test_the_page_names_every_subpackage():
