@@ -46,8 +46,9 @@ from .._clock import Clock, DatabaseClock
 from .._exceptions import InvalidArgument, InvalidArgumentType, PayloadNotSerializable
 from .._ids import uuid7_hex
 from .._json import DEEP_TEXT, MAX_DEPTH, prebuilt_encoder
+from ..statements import NewJob, check_job, is_plain_job
 from ..statements._common import Dumps, now_of, refuse_unstorable
-from ..statements._job_enqueue import NewJob, _check, _plain, has_headers
+from ..statements._job_enqueue import has_headers
 from ..statements._job_headers import job_headers_text
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ _TIME_COLUMNS = ", run_at, created_at, updated_at"
 _FIELDS = ("id", "queue", "kind", "payload")  # the text fields of a line, in COPY's order
 _When = tuple["dt.datetime | None", "dt.timedelta | None"]
 _NO_WHEN: _When = (None, None)
-_NO_ID = uuid.UUID(int=0)  # _check passes it through: the line has its own id
+_NO_ID = uuid.UUID(int=0)  # check_job passes it through: the line has its own id
 _UNSET = object()
 
 
@@ -120,9 +121,9 @@ def _escaped(value: str) -> str:
 
 
 def _usual(job: object) -> bool:
-    """Whether ``job`` is plain for `enqueue_jobs` (``_plain``: exactly a `NewJob` that
-    `_check` accepts as it is, no optional field set) and its names need no COPY escaping."""
-    return _plain(job) and _escaped(job.kind) is job.kind and _escaped(job.queue) is job.queue
+    """Whether ``job`` is plain for `enqueue_jobs` (`is_plain_job`: exactly a `NewJob` that
+    `check_job` accepts as it is, no optional field set) and its names need no COPY escaping."""
+    return is_plain_job(job) and _escaped(job.kind) is job.kind and _escaped(job.queue) is job.queue
 
 
 def plan_copy(
@@ -219,8 +220,8 @@ def plan_copy(
                     join(encoder(job.payload, 0)) if encoder is not None else dumps(job.payload)
                 )
             except (TypeError, ValueError, RecursionError):
-                payload = None  # _check says what is wrong with it
-            if type(payload) is not str or len(payload) > fits:  # _check says what is wrong
+                payload = None  # check_job says what is wrong with it
+            if type(payload) is not str or len(payload) > fits:  # check_job says what is wrong
                 times = _append_checked(
                     job, job_id, dumps, max_payload_bytes, lines, times, headers, trace
                 )
@@ -244,7 +245,7 @@ def plan_copy(
             # Same class (PayloadTooLarge, PayloadNotSerializable, …), with the job's index
             # (one line per job so far).
             raise type(exc)(f"jobs[{len(lines)}]: {exc}") from exc
-        except UnicodeEncodeError as exc:  # _check measured a payload with a lone surrogate
+        except UnicodeEncodeError as exc:  # check_job measured a payload with a lone surrogate
             raise PayloadNotSerializable(_not_utf8_text(len(lines), "payload", exc)) from exc
     text = "\n".join(lines) + "\n"
     try:
@@ -276,7 +277,9 @@ def _append_checked(
     """Check ``job`` as `enqueue_jobs` does, append its line; returns ``times``."""
     if not isinstance(job, NewJob):
         raise InvalidArgumentType(f"must be a NewJob, got {type(job).__name__}")
-    checked = _check(job, dumps, max_payload_bytes, _NO_ID, trace)
+    checked = check_job(
+        job, dumps=dumps, max_payload_bytes=max_payload_bytes, job_id=_NO_ID, trace_headers=trace
+    )
     if checked.unique is not None:
         raise InvalidArgument(
             "is unique (Unique): COPY cannot skip a job whose unique key is held (no ON "
@@ -318,11 +321,11 @@ def _not_utf8(
     text: str, exc: UnicodeEncodeError, jobs: list[NewJob], dumps: Dumps, max_payload_bytes: int
 ) -> InvalidArgument | InvalidArgumentType:
     """The error for a field UTF-8 cannot encode, naming its job's index and field (and,
-    as `_check` says it, the path of the bad value in a payload)."""
+    as `check_job` says it, the path of the bad value in a payload)."""
     line_start = text.rfind("\n", 0, exc.start) + 1
     index = text.count("\n", 0, line_start)
     try:
-        _check(jobs[index], dumps, max_payload_bytes, _NO_ID)
+        check_job(jobs[index], dumps=dumps, max_payload_bytes=max_payload_bytes, job_id=_NO_ID)
     except (InvalidArgument, InvalidArgumentType) as checked:
         return type(checked)(f"jobs[{index}]: {checked}")
     field = _FIELDS[min(text.count("\t", line_start, exc.start), len(_FIELDS) - 1)]

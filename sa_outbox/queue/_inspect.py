@@ -5,6 +5,11 @@ The typed answers of the read-only statements of ``sa_outbox.statements._inspect
 queue (a dashboard, metrics gauges). Synchronous, on a `Connection` the caller opens; on an
 `AsyncConnection`: ``await conn.run_sync(lambda c: queue_status(c, jobs=Job))``.
 
+It stays whole because it is a catalogue, not a mechanism: each entry is a record and the
+short function (none over 70 lines) that fills it from the statements of
+``sa_outbox.statements._inspect``, which it mirrors, and the CLI and the dashboard use them
+as one set, looked up by name.
+
 Examples:
     with engine.connect() as conn:
         status = queue_status(conn, jobs=Job, outbox=OutboxEvent)

@@ -46,6 +46,7 @@ from ._inspect import (
     select_running_jobs,
     workers_holding_jobs,
 )
+from ._job_batch import enqueue_jobs
 from ._job_cancel import (
     cancel_jobs,
     finish_cancelled_jobs,
@@ -67,16 +68,15 @@ from ._job_defaults import DEFAULT_BACKOFF, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS,
 from ._job_enqueue import (
     ENQUEUE_PARAMETERS,
     UNIQUE_ENQUEUE_PARAMETERS,
-    NewJob,
     enqueue_job,
     enqueue_job_template,
     enqueue_job_values,
-    enqueue_jobs,
     precompiled,
 )
 from ._job_headers import MAX_HEADERS_BYTES
 from ._job_limits import DEFAULT_LOOKAHEAD, MAX_LIMIT, ClaimLimits, Limit, lock_claim_limits
 from ._job_notify import job_notify_channel_of, listen_sql, notify_jobs, parse_notify_payload
+from ._job_record import CheckedJob, NewJob, check_job, is_plain_job
 from ._job_settle import (
     count_jobs_by_status,
     fail_job,
@@ -168,6 +168,7 @@ __all__ = [
     "PRUNE_LOCK_PREFIX",
     "UNIQUE_ENQUEUE_PARAMETERS",
     "WORKER_APPLICATION_PREFIX",
+    "CheckedJob",
     "ClaimLimits",
     "Limit",
     "NewEvent",
@@ -179,6 +180,7 @@ __all__ = [
     "attach_partition",
     "cancel_jobs",
     "check_event",
+    "check_job",
     "claim_events",
     "claim_jobs",
     "compact_json",
@@ -205,6 +207,7 @@ __all__ = [
     "heartbeat_job",
     "heartbeat_jobs",
     "held_cancelled_jobs",
+    "is_plain_job",
     "job_alarms",
     "job_kind_exists",
     "job_notify_channel_of",

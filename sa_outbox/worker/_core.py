@@ -6,6 +6,11 @@ when to write, classifies a handler's exception, expires timeouts, and builds th
 operation that writes a batch of results and claims the next batch in a single transaction
 (a generator over statements, driven sync or async like the executors'). It does no I/O and
 takes no locks: the sync driver calls it under its lock, the async one from its event loop.
+
+It stays whole because `Core` is one state machine: the held jobs, the queued entries,
+the results waiting and the busy counts change together (under the one lock of the sync
+driver), and the invariants that tie them read best in one class; the records it passes to
+the drivers (`Entry`, `Result`, `Beat`, `Written`) are its vocabulary, kept beside it.
 """
 
 from __future__ import annotations

@@ -3,6 +3,12 @@
 The same logic as `Worker` (`sa_outbox.worker._core`), driven by one event loop: ``async
 def`` handlers run as tasks (``concurrency`` at a time), plain functions in a pool of
 ``concurrency`` daemon threads. See docs/worker.md.
+
+It stays whole because it is one class, `AsyncWorker`, whose methods share its events,
+its tasks and its thread pool: `DriverBase` (``_driver``) and `Core` (``_core``) already
+hold what both drivers share, and what is left is how this one waits and runs its I/O, with
+the public step-by-step methods (`AsyncWorker.claim`, `AsyncWorker.flush`, …) and their
+docstrings.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ transaction; a keeper thread sends the heartbeats and runs the reclaimer; a list
 holds a ``LISTEN`` connection. The loop writes the results of finished jobs (completions as
 one batched statement, retries, failures, follow-up jobs) and claims the next batch in one
 transaction: one commit per batch, not per job. See docs/worker.md.
+
+It stays whole because it is one class, `Worker`, whose methods share its lock, its
+condition and its threads: `DriverBase` (``_driver``) and `Core` (``_core``) already hold
+what both drivers share, and what is left is how this one waits and runs its I/O, with the
+public step-by-step methods (`Worker.claim`, `Worker.flush`, …) and their docstrings.
 """
 
 from __future__ import annotations
