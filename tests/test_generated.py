@@ -28,6 +28,8 @@ def load_tool() -> ModuleType:
 
 
 tool = load_tool()
+#: The default names, and what a conversion adds: its own classes, a module.
+RENAMES = tool.Names({**tool.NAMES, "AsyncRelay": "Relay"}, {**tool.DOTTED, "asyncio": "threading"})
 
 
 def run_check(root: Path) -> subprocess.CompletedProcess[str]:
@@ -106,7 +108,7 @@ def run(engine: Engine, event: threading.Event) -> None:
             row.close()
     print(f"Relay({engine!r})")
 '''
-    assert tool.convert(source, "_async.py") == expected
+    assert tool.convert(source, "_async.py", renames=RENAMES) == expected
 
 
 def test_markers_drop_an_async_statement_and_add_a_sync_line() -> None:
@@ -127,7 +129,7 @@ def f() -> None:
 def test_prose_of_the_text_table_is_replaced_as_is_and_must_match() -> None:
     source = '"""Use `Relay` from synchronous code; `AsyncRelay` is this one."""\n'
     text = {"Use `Relay` from synchronous code": "Use `AsyncRelay` from asyncio code"}
-    assert tool.convert(source, "m.py", text).splitlines()[2] == (
+    assert tool.convert(source, "m.py", text, RENAMES).splitlines()[2] == (
         '"""Use `AsyncRelay` from asyncio code; `Relay` is this one."""'
     )
     with pytest.raises(tool.ConversionError, match="match nothing"):

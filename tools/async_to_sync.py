@@ -14,11 +14,12 @@ which formats what it generates, importable by the Python that runs it.
 The transform reads tokens, not an AST, so comments and layout survive:
 
 - ``async def``/``async with``/``async for`` lose their ``async``; ``await x`` becomes ``x``.
-- Names are mapped by ``NAMES`` (``AsyncRelay`` → ``Relay``, ``aclose`` → ``close``…), and
-  dotted names by ``DOTTED`` first (``sqlalchemy.ext.asyncio`` → ``sqlalchemy``), wherever
-  they stand: code, strings, docstrings, comments, so examples follow the code.
+- Names are mapped by ``NAMES`` (``AsyncEngine`` → ``Engine``, ``aclose`` → ``close``…) and
+  the conversion's own (``AsyncRelay`` → ``Relay``), dotted names by ``DOTTED`` first
+  (``sqlalchemy.ext.asyncio`` → ``sqlalchemy``), wherever they stand: code, strings,
+  docstrings, comments, so examples follow the code.
 - What must differ lives in hand-written helpers whose asyncio and synchronous versions have
-  the same methods (``sa_outbox/relay/_runtime.py``); ``NAMES`` picks the synchronous one.
+  the same methods (``sa_outbox/relay/_runtime.py``); the names pick the synchronous one.
   Prose that differs goes in the conversion's ``text`` table (async text → sync text).
 - Two markers, for what a helper cannot hold (keep them rare): a statement whose first line
   ends with the comment ``# async-only`` is left out, with its body; a comment line
@@ -50,7 +51,7 @@ HEADER = """\
 # (edit {source} and run `python tools/async_to_sync.py`)
 """
 
-#: Identifiers: the asyncio name → the synchronous one.
+#: Identifiers: the asyncio name → the synchronous one (a conversion adds its own).
 NAMES: Mapping[str, str] = {
     # SQLAlchemy
     "AsyncEngine": "Engine",
@@ -64,21 +65,13 @@ NAMES: Mapping[str, str] = {
     "aclose": "close",
     # sa_outbox
     "_adrive": "_drive",
-    "AsyncRelay": "Relay",
     "AsyncVacuumer": "Vacuumer",
-    "AsyncListener": "SyncListener",
-    "AsyncPortal": "Portal",
-    "AsyncStopSignal": "StopSignal",
-    "require_async_engine": "require_engine",
 }
 
-#: Dotted names, matched before ``NAMES``: the longest match wins.
+#: Dotted names, matched before the names: the longest match wins.
 DOTTED: Mapping[str, str] = {
     "sqlalchemy.ext.asyncio": "sqlalchemy",
     "asyncio.Event": "threading.Event",
-    # an Event is all of asyncio a generated module may use: any other name of it becomes
-    # threading's, which mypy --strict rejects on the generated file
-    "asyncio": "threading",
 }
 
 ASYNC_ONLY = "# async-only"
@@ -86,20 +79,57 @@ SYNC_ONLY = "# sync-only:"
 
 
 @dataclass(frozen=True)
+class Names:
+    """What a conversion renames: ``names`` (identifiers) and ``dotted`` (dotted names)."""
+
+    names: Mapping[str, str] = field(default_factory=lambda: NAMES)
+    dotted: Mapping[str, str] = field(default_factory=lambda: DOTTED)
+
+    def map(self, parts: Sequence[str]) -> list[str]:
+        """``parts`` of a dotted name, mapped: the longest ``dotted`` prefix, then each
+        part by ``names``."""
+        for n in range(len(parts), 0, -1):
+            mapped = self.dotted.get(".".join(parts[:n]))
+            if mapped is not None:
+                return [*mapped.split("."), *(self.names.get(p, p) for p in parts[n:])]
+        return [self.names.get(p, p) for p in parts]
+
+
+@dataclass(frozen=True)
 class Conversion:
-    """One generated file: ``target`` from ``source`` (paths from the repository root), with
-    ``text``: prose of the source (exact, line breaks and indentation included) → the
-    generated file's."""
+    """One generated file: ``target`` from ``source`` (paths from the repository root).
+
+    ``names`` and ``dotted`` are added to `NAMES` and `DOTTED` for this file; ``text`` maps
+    prose of the source (exact, line breaks and indentation included) to the generated
+    file's.
+    """
 
     source: str
     target: str
+    names: Mapping[str, str] = field(default_factory=dict)
+    dotted: Mapping[str, str] = field(default_factory=dict)
     text: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def renames(self) -> Names:
+        return Names({**NAMES, **self.names}, {**DOTTED, **self.dotted})
 
 
 CONVERSIONS = [
     Conversion(
         "sa_outbox/relay/_async.py",
         "sa_outbox/relay/_sync.py",
+        names={
+            "AsyncRelay": "Relay",
+            "AsyncListener": "SyncListener",
+            # the twins of sa_outbox/relay/_runtime.py
+            "AsyncPortal": "Portal",
+            "AsyncStopSignal": "StopSignal",
+            "require_async_engine": "require_engine",
+        },
+        # An Event is all of asyncio the relay uses: any other name of it would become
+        # threading's, which mypy --strict rejects on the generated file.
+        dotted={"asyncio": "threading"},
         text={
             "The publisher runs on the event loop that runs the relay; ``stop`` may be called "
             "from\n    the loop, another thread or a signal handler. Use `Relay` from "
@@ -121,38 +151,31 @@ class ConversionError(Exception):
 # -- names ----------------------------------------------------------------------------
 
 
-def map_dotted(parts: Sequence[str]) -> list[str]:
-    """``parts`` of a dotted name, mapped: the longest ``DOTTED`` prefix, then ``NAMES``."""
-    for n in range(len(parts), 0, -1):
-        mapped = DOTTED.get(".".join(parts[:n]))
-        if mapped is not None:
-            return [*mapped.split("."), *(NAMES.get(p, p) for p in parts[n:])]
-    return [NAMES.get(p, p) for p in parts]
-
-
 _WORDS = re.compile(r"\b(?:await|async)\s+(?=[\w(\[])|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
 
-def map_prose(text: str) -> str:
+def map_prose(text: str, renames: Names) -> str:
     """Strings and comments: ``await``/``async`` dropped, names mapped as in code."""
 
     def one(match: re.Match[str]) -> str:
         word = match.group()
         if word.rstrip() in ("await", "async"):
             return ""  # before an expression, or `def`, `with`, `for`
-        return ".".join(map_dotted(word.split(".")))
+        return ".".join(renames.map(word.split(".")))
 
     return _WORDS.sub(one, text)
 
 
-def map_text(text: str, table: Mapping[str, str], used: set[str]) -> str:
+def map_text(text: str, renames: Names, table: Mapping[str, str], used: set[str]) -> str:
     """``map_prose``, except where an entry of ``table`` matches: that is replaced as is."""
     for old, new in table.items():
         before, found, after = text.partition(old)
         if found:
             used.add(old)
-            return map_text(before, table, used) + new + map_text(after, table, used)
-    return map_prose(text)
+            return (
+                map_text(before, renames, table, used) + new + map_text(after, renames, table, used)
+            )
+    return map_prose(text, renames)
 
 
 # -- the transform --------------------------------------------------------------------
@@ -197,9 +220,14 @@ def _async_only_statements(source: str, comments: Mapping[int, str]) -> Iterator
             yield node
 
 
-def convert(source: str, name: str, text: Mapping[str, str] | None = None) -> str:
+def convert(
+    source: str,
+    name: str,
+    text: Mapping[str, str] | None = None,
+    renames: Names | None = None,
+) -> str:
     """The synchronous module generated from ``source`` (``name``: its file name, for the
-    header), before formatting.
+    header), before formatting; ``text`` and ``renames`` as in `Conversion`.
 
     Examples:
         >>> print(convert("async def f(e: AsyncEngine) -> None:\\n    await g(e)\\n", "m.py"))
@@ -210,6 +238,7 @@ def convert(source: str, name: str, text: Mapping[str, str] | None = None) -> st
         <BLANKLINE>
     """
     table = dict(text or {})
+    renames = renames or Names()
     used: set[str] = set()
     edits = _Edits(source)
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
@@ -259,7 +288,7 @@ def convert(source: str, name: str, text: Mapping[str, str] | None = None) -> st
             ):
                 j += 2
                 parts.append(tokens[j].string)
-            mapped = ".".join(map_dotted(parts))
+            mapped = ".".join(renames.map(parts))
             if mapped != ".".join(parts):
                 edits.replace(token.start, tokens[j].end, mapped)
             i = j + 1
@@ -271,7 +300,7 @@ def convert(source: str, name: str, text: Mapping[str, str] | None = None) -> st
         elif token.type == tokenize.COMMENT and token.string.strip() == ASYNC_ONLY:
             pass  # its statement is dropped above
         elif token.type in prose_types:
-            mapped = map_text(token.string, table, used)
+            mapped = map_text(token.string, renames, table, used)
             if mapped != token.string:
                 if token.type in fstring_parts and ("{" in mapped or "}" in mapped):
                     # its string holds `{{` as `{`: rewriting it would change the f-string
@@ -299,7 +328,7 @@ def _ruff(*args: str, source: str, path: str) -> str:
 def generate(conversion: Conversion) -> str:
     """The text ``conversion.target`` should have: converted, imports sorted, formatted."""
     source = (ROOT / conversion.source).read_text()
-    code = convert(source, Path(conversion.source).name, conversion.text)
+    code = convert(source, Path(conversion.source).name, conversion.text, conversion.renames)
     code = _ruff("check", "--fix", "--select", "I", "--quiet", source=code, path=conversion.target)
     return _ruff("format", "--quiet", source=code, path=conversion.target)
 
