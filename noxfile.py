@@ -1,6 +1,7 @@
-"""Sessions: ``nox -s tests`` (the test command), ``nox -s lint``, ``nox -s typecheck``, and
-``nox -s docs`` (the documentation site) and ``nox -s bench`` (the benchmark suite); docs and
-bench are not run by default.
+"""Sessions: ``nox -s tests`` (the test command), ``nox -s lint``, ``nox -s typecheck``,
+``nox -s generated`` (the synchronous runtimes are what ``tools/async_to_sync.py`` generates
+from the asyncio ones), and ``nox -s docs`` (the documentation site) and ``nox -s bench`` (the
+benchmark suite); docs and bench are not run by default.
 
 The tests run against ``$SA_OUTBOX_TEST_DATABASE_URL`` when it is set, else against an
 embedded PostgreSQL (pgserver, installed by the ``test`` extra). ``tests`` runs on the Python
@@ -14,6 +15,7 @@ Example:
     nox -s compat                         # Python 3.12 + SQLAlchemy 2.0, 3.13 + 2.1
     nox -s tests -- -k demo -x            # arguments after -- go to pytest
     nox -s lint typecheck                 # ruff, lint-imports, mypy --strict
+    nox -s generated                      # tools/async_to_sync.py --check
     nox -s docs                           # mkdocs build --strict into site/
 """
 
@@ -24,15 +26,23 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "generated", "tests"]
 nox.options.error_on_missing_interpreters = True
 
-PYTHON = "3.11"  # the tools' sessions (lint, typecheck, docs, bench)
+PYTHON = "3.11"  # the tools' sessions (lint, typecheck, generated, docs, bench)
 ROOT = Path(__file__).parent
 #: What ruff checks; a folder a clone lacks (git keeps no empty folder) is left out.
 LINT_PATHS = [
     path
-    for path in ("sa_outbox", "alembic_ext", "tests", "noxfile.py", "examples", "benchmarks")
+    for path in (
+        "sa_outbox",
+        "alembic_ext",
+        "tests",
+        "noxfile.py",
+        "examples",
+        "benchmarks",
+        "tools",
+    )
     if (ROOT / path).exists()
 ]
 #: The environment the tests read; passed through explicitly so the sessions stay hermetic.
@@ -82,9 +92,20 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on sa_outbox and alembic_ext (configured in pyproject.toml)."""
+    """mypy --strict on sa_outbox and alembic_ext (configured in pyproject.toml), and on
+    tools/async_to_sync.py."""
     session.install(".[test,typecheck]")
     session.run("mypy", "--strict", "-p", "sa_outbox", "-p", "alembic_ext")
+    session.run("mypy", "--strict", "tools/async_to_sync.py")
+
+
+@nox.session(python=PYTHON)
+def generated(session: nox.Session) -> None:
+    """Fail, printing a diff, when a file ``tools/async_to_sync.py`` generates (the
+    synchronous runtimes, from the asyncio ones) differs from a fresh generation: edited by
+    hand, or its source edited without regenerating it."""
+    session.install("ruff>=0.6")  # the tool formats what it generates
+    session.run("python", "tools/async_to_sync.py", "--check")
 
 
 @nox.session(python=PYTHON)

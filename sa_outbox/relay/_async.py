@@ -1,16 +1,16 @@
-"""`AsyncRelay`: the outbox relay on an asyncio engine (layer 4, a runtime).
+# The source of _sync.py (Relay): after an edit here or in _runtime.py, regenerate it with
+# `python tools/async_to_sync.py` (CI fails when it is stale).
+"""`AsyncRelay`: the outbox relay on an ``AsyncEngine`` (layer 4, a runtime).
 
 Examples:
     relay = AsyncRelay(async_engine, OutboxEvent, NatsPublisher("nats://localhost:4222"))
-    await relay.run()  # until relay.stop()
+    await relay.run()  # until relay.stop(), SIGTERM with `sa-outbox relay`
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -31,9 +31,13 @@ from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
 from ._core import (
     LOGGER,
+    RESET_TIMEOUT,
     GuardedPublisher,
     describe,
     finish,
+    log_report,
+    log_retry,
+    require_publisher,
     retry_wait,
     retryable,
     settle,
@@ -41,8 +45,8 @@ from ._core import (
 from ._listen import DEAF_WARNING, AsyncListener
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
+from ._runtime import AsyncPortal, AsyncStopSignal, require_async_engine
 from ._spans import end_publish_spans, traced_wave
-from ._sync import _log, _log_retry
 from .metrics import CycleRecorder, RelayMetrics
 
 if TYPE_CHECKING:
@@ -52,18 +56,44 @@ __all__ = ["AsyncRelay"]
 
 
 class AsyncRelay:
-    """`Relay` for asyncio: the same cycle, options and guarantees, on an ``AsyncEngine``.
+    """Publishes committed outbox events through ``publisher``: claim → publish → mark.
 
-    ``stop`` may be called from the loop, another thread or a signal handler.
+    Each cycle (`run_once`) claims up to ``batch`` events (aggregate heads and the events
+    after them, see `sa_outbox.statements.claim_events`), publishes them in waves that
+    keep each aggregate's order, and in one transaction marks what the broker took,
+    records what it rejected (backoff, then parked at ``max_attempts``) and gives back the
+    rest. `run` repeats it: at once while events keep coming, else it waits for a NOTIFY
+    from the outbox table (``listen``) or ``poll_interval``; when the broker or the
+    database cannot be reached it backs off (tenacity: exponential with jitter, from
+    ``retry_initial`` to ``retry_max``); every ``prune_interval`` it deletes events
+    published more than ``retention`` ago (``None``: never); and it vacuums the outbox
+    table past ``vacuum.threshold`` dead tuples (`sa_outbox.Vacuumer`; ``None``: never),
+    because every published event leaves a dead entry in the index that claims walk.
+
+    ``lease``: how long a claim holds its events; another relay takes them over after it
+    (so a relay killed mid-batch loses nothing). ``publish_timeout`` (default half the
+    lease) bounds one publish: a publish that does not finish in time counts as the broker
+    being unreachable, and no wave starts unless it can finish within the lease.
+    ``clock`` is for tests (`FakeClock`), ``backoff`` is a rejected event's delay.
+    ``metrics``: the `RelayMetrics` hooks each cycle calls (claim, each publish, each
+    event's fate; ``sa_outbox.metrics.PrometheusRelayMetrics`` counts them for Prometheus).
+    ``listen_url``: a direct PostgreSQL URL for the LISTEN connection alone, when the
+    engine goes through a transaction pooler such as PgBouncer (docs/pgbouncer.md); without
+    it, a LISTEN through a pooler is detected and warned about once, and the relay polls.
+
+    The publisher runs on the event loop that runs the relay; ``stop`` may be called from
+    the loop, another thread or a signal handler. Use `Relay` from synchronous code.
 
     Examples:
-        relay = AsyncRelay(async_engine, OutboxEvent, publisher, batch=100)
-        report = await relay.run_once()
-        task = asyncio.create_task(relay.run())
-        ...
-        relay.stop()
-        await task
+        from sa_outbox.publishers.callable import CallablePublisher
+
+        relay = AsyncRelay(async_engine, OutboxEvent, CallablePublisher(print), batch=100)
+        report = await relay.run_once()  # one cycle, for scripts and tests
+        await relay.run()  # until relay.stop()
         await relay.aclose()
+
+        # behind PgBouncer (transaction mode): LISTEN on a direct connection
+        AsyncRelay(pooled_engine, OutboxEvent, publisher, listen_url=os.environ["DIRECT_URL"])
     """
 
     def __init__(
@@ -90,15 +120,8 @@ class AsyncRelay:
         listen_url: str | URL | None = None,
         metrics: RelayMetrics | None = None,
     ) -> None:
-        if not hasattr(engine, "sync_engine"):
-            raise InvalidArgumentType(
-                f"AsyncRelay needs an AsyncEngine, got {type(engine).__name__} "
-                "(use Relay with a synchronous Engine)"
-            )
-        if not isinstance(publisher, Publisher):
-            raise InvalidArgumentType(
-                f"publisher must have async publish(events) and aclose(), got {publisher!r}"
-            )
+        require_async_engine(engine)
+        require_publisher(publisher)
         self.settings = RelaySettings.build(
             name=name,
             batch=batch,
@@ -135,9 +158,8 @@ class AsyncRelay:
             max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES,
             backoff=self.settings.backoff,
         )
-        self._stop_requested = threading.Event()
-        self._stopping: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._portal = AsyncPortal(self.settings.name)
+        self._stopping = AsyncStopSignal()
         self._listener: AsyncListener | None = None
         #: Set while the relay's LISTEN connection is open (``listen=True``, in `run`):
         #: ``await relay.listening.wait()`` after starting `run` elsewhere.
@@ -158,11 +180,14 @@ class AsyncRelay:
     def __repr__(self) -> str:
         return f"AsyncRelay({self._ops.table.fullname!r}, {self.publisher!r}, name={self.name!r})"
 
+    # -- one cycle --------------------------------------------------------------------
+
     async def run_once(self) -> RelayReport:
-        """See `Relay.run_once`.
+        """Claim one batch, publish it, and record the outcome; returns what it did.
 
         Examples:
             report = await relay.run_once()
+            print(report.published, "published,", report.parked, "parked")
         """
         s = self.settings
         recorder = CycleRecorder(self.metrics)
@@ -174,8 +199,8 @@ class AsyncRelay:
         deadline = time.monotonic() + (s.lease - s.publish_timeout).total_seconds()
         plan = BatchPlan(events)
         while not plan.done:
-            if self._stop_requested.is_set() or time.monotonic() > deadline:
-                plan.stop()
+            if self._stopping.is_set() or time.monotonic() > deadline:
+                plan.stop()  # not enough lease left to publish another wave safely
                 break
             for isolated in await self._publish(plan, plan.next_wave(), recorder):
                 await self._publish(plan, [isolated], recorder)
@@ -183,7 +208,7 @@ class AsyncRelay:
                     break
         async with self.engine.begin() as conn:
             report = await _adrive(conn, finish(self._ops, plan, self.name, s.max_attempts))
-        _log(report)
+        log_report(report)
         recorder.finished(plan, report)
         return report
 
@@ -193,10 +218,13 @@ class AsyncRelay:
         error: BaseException | None = None
         sent, spans = traced_wave(wave)
         recorder.publishing()
+        # Bounded by publish_timeout; a publish that timed out or was cancelled resets the
+        # publisher, so the next one does not reuse a half-open connection. `Portal`'s outer
+        # bound (the publisher on a loop in another thread) is only a guard against a
+        # publisher that ignores cancellation.
+        guard = self.settings.publish_timeout.total_seconds() + RESET_TIMEOUT + 1.0
         try:
-            # Bounded by publish_timeout; a publish that timed out or was cancelled resets
-            # the publisher, so the next one does not reuse a half-open connection.
-            await self._guarded.publish(self.publisher, sent)
+            await self._portal.call(self._guarded.publish(self.publisher, sent), guard)
         except Exception as exc:
             error = exc
         if spans is not None:
@@ -206,7 +234,8 @@ class AsyncRelay:
         return isolated
 
     async def prune_once(self) -> int:
-        """See `Relay.prune_once`.
+        """Delete the events published more than ``retention`` ago, in batches; returns how
+        many. Parked and unpublished events are never deleted.
 
         Examples:
             deleted = await relay.prune_once()
@@ -233,20 +262,19 @@ class AsyncRelay:
             return None
         return await self._vacuumer.run_once()
 
+    # -- the loop ---------------------------------------------------------------------
+
     async def run(self) -> None:
-        """Relay until `stop` is called.
+        """Relay until `stop` is called (from a signal handler or another thread).
 
         Examples:
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, relay.stop)
             await relay.run()
         """
-        self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
-        if self._stop_requested.is_set():
-            self._stop_requested.clear()
+        self._stopping.begin()
         LOGGER.info("relay %s: relaying %s", self.name, self._ops.table.fullname)
         try:
-            while not self._stop_requested.is_set():
+            while not self._stopping.is_set():
                 report = await self._cycle_with_retries()
                 if report is None:
                     break
@@ -259,28 +287,29 @@ class AsyncRelay:
                 await self._listener.close()
                 self._listener = None
                 self.listening.clear()
-            self._loop = None
+            self._stopping.end()
         LOGGER.info("relay %s: stopped", self.name)
 
     def stop(self) -> None:
-        """Ask `run` to return after the current cycle; safe from any thread.
+        """Ask `run` to return after the current cycle; safe from signal handlers and other
+        threads.
 
         Examples:
             relay.stop()
         """
-        self._stop_requested.set()
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(stopping.set)
+        self._stopping.set()
 
     async def aclose(self) -> None:
-        """Stop and close the publisher.
+        """Stop and close the publisher (and, for `Relay`, the event loop it runs on).
 
         Examples:
             await relay.aclose()
         """
         self.stop()
-        await self.publisher.aclose()
+        try:
+            await self._portal.aclose(self.publisher)
+        finally:
+            self._stopping.close()
 
     async def __aenter__(self) -> AsyncRelay:
         return self
@@ -293,9 +322,9 @@ class AsyncRelay:
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception(retryable(self.engine)),
             wait=retry_wait(s),
-            stop=lambda _state: self._stop_requested.is_set(),
-            sleep=self._pause,
-            before_sleep=_log_retry(self.name),
+            stop=lambda _state: self._stopping.is_set(),
+            sleep=self._stopping.pause,
+            before_sleep=log_retry(self.name),
         )
         try:
             async for attempt in retrying:
@@ -305,13 +334,8 @@ class AsyncRelay:
                         raise PublisherUnavailable(report.unavailable)
                     return report
         except tenacity.RetryError:
-            return None
+            return None  # stopped while backing off
         return None  # pragma: no cover - the loop always returns or raises
-
-    async def _pause(self, seconds: float) -> None:
-        assert self._stopping is not None
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     async def _prune_if_due(self) -> None:
         now = time.monotonic()
@@ -343,7 +367,6 @@ class AsyncRelay:
                 )
 
     async def _wait_for_work(self) -> None:
-        assert self._stopping is not None
         timeout = self.settings.poll_interval.total_seconds()
         if self.settings.listen and self._listener is None:
             try:
@@ -359,13 +382,13 @@ class AsyncRelay:
                     self.listening.set()
                     return
         if self._listener is None:
-            await self._pause(timeout)
+            await self._stopping.pause(timeout)
             return
         try:
-            await self._listener.wait(timeout, self._stopping)
+            await self._stopping.wait_on(self._listener, timeout)
             if self._listener.deaf():
                 LOGGER.warning(DEAF_WARNING, self.name, timeout)
-        except Exception as exc:
+        except Exception as exc:  # the connection broke: poll now, listen again next time
             LOGGER.warning("relay %s: LISTEN connection lost (%s)", self.name, describe(exc))
             self.listening.clear()
             await self._listener.close()

@@ -17,6 +17,7 @@ from typing import Any
 import tenacity
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from .._exceptions import InvalidArgumentType
 from .._pooler import note_prepared_statement_error
 from .._validation import storable_text
 from ..queue._executors import Op
@@ -33,6 +34,9 @@ __all__ = [
     "GuardedPublisher",
     "describe",
     "finish",
+    "log_report",
+    "log_retry",
+    "require_publisher",
     "retry_wait",
     "retryable",
     "settle",
@@ -248,3 +252,61 @@ def retry_wait(settings: RelaySettings) -> tenacity.wait.wait_base:
     return tenacity.wait_exponential(
         multiplier=initial, max=settings.retry_max.total_seconds()
     ) + tenacity.wait_random(0, initial)
+
+
+def require_publisher(publisher: object) -> None:
+    """A relay's publisher: a `Publisher`, else `InvalidArgumentType`.
+
+    Examples:
+        >>> try:
+        ...     require_publisher(print)
+        ... except InvalidArgumentType as exc:
+        ...     print(str(exc).split(",")[0])
+        publisher must have async publish(events) and aclose()
+    """
+    if not isinstance(publisher, Publisher):
+        raise InvalidArgumentType(
+            f"publisher must have async publish(events) and aclose(), got {publisher!r}"
+        )
+
+
+def log_report(report: RelayReport) -> None:
+    """Log a cycle's report: a warning when anything went wrong, else at debug level.
+
+    Examples:
+        >>> log_report(RelayReport("relay-1"))  # nothing to say
+    """
+    if report.rejected or report.lost or report.unavailable:
+        LOGGER.warning(
+            "relay %s: %d published, %d rejected (%d parked), %d released, %d lost%s",
+            report.relay,
+            report.published,
+            report.rejected,
+            report.parked,
+            report.released,
+            report.lost,
+            f"; broker unavailable: {report.unavailable}" if report.unavailable else "",
+        )
+    elif report.published:
+        LOGGER.debug("relay %s: %d published", report.relay, report.published)
+
+
+def log_retry(name: str) -> Callable[[tenacity.RetryCallState], None]:
+    """The relay loop's ``before_sleep``: logs why it backs off, and for how long.
+
+    Examples:
+        >>> callable(log_retry("relay-1"))
+        True
+    """
+
+    def log(state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        LOGGER.warning(
+            "relay %s: %s; trying again in %.1f s",
+            name,
+            describe(error) if error else "failed",
+            delay,
+        )
+
+    return log

@@ -1,22 +1,21 @@
-"""`Relay`: the outbox relay on a synchronous engine (layer 4, a runtime).
+# generated from _async.py by tools/async_to_sync.py — do not edit
+# (edit _async.py and run `python tools/async_to_sync.py`)
+"""`Relay`: the outbox relay on an ``Engine`` (layer 4, a runtime).
 
 Examples:
-    relay = Relay(engine, OutboxEvent, RabbitMQPublisher("amqp://guest:guest@localhost/"))
+    relay = Relay(engine, OutboxEvent, NatsPublisher("nats://localhost:4222"))
     relay.run()  # until relay.stop(), SIGTERM with `sa-outbox relay`
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import datetime as dt
 import threading
 import time
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING
 
 import tenacity
-from sqlalchemy import URL, Engine, Table
+from sqlalchemy import URL, Table
 from sqlalchemy.exc import DBAPIError
 
 from .._backoff import Backoff
@@ -36,56 +35,24 @@ from ._core import (
     GuardedPublisher,
     describe,
     finish,
+    log_report,
+    log_retry,
+    require_publisher,
     retry_wait,
     retryable,
     settle,
 )
-from ._listen import DEAF_WARNING, SyncListener, WakePipe
+from ._listen import DEAF_WARNING, SyncListener
 from ._plan import BatchPlan, RelayReport
 from ._publisher import Publisher, PublisherUnavailable
+from ._runtime import Portal, StopSignal, require_engine
 from ._spans import end_publish_spans, traced_wave
 from .metrics import CycleRecorder, RelayMetrics
 
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
 __all__ = ["Relay"]
-
-T = TypeVar("T")
-
-
-class _Portal:
-    """An event loop in a thread of its own, on which the (async) publisher runs.
-
-    It lives as long as the relay, so broker connections stay open between batches (their
-    heartbeats keep being answered while the relay waits for work).
-    """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(
-                target=loop.run_forever, name=f"sa-outbox relay {self._name}", daemon=True
-            )
-            self._thread.start()
-            self._loop = loop
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()  # cancels the task on the loop (which resets a guarded publish)
-            raise PublisherUnavailable(f"the publisher did not finish within {timeout} s") from None
-
-    def close(self) -> None:
-        if self._loop is None:
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join()
-        self._loop.close()
-        self._loop = None
 
 
 class Relay:
@@ -123,6 +90,7 @@ class Relay:
         relay = Relay(engine, OutboxEvent, CallablePublisher(print), batch=100)
         report = relay.run_once()  # one cycle, for scripts and tests
         relay.run()  # until relay.stop()
+        relay.close()
 
         # behind PgBouncer (transaction mode): LISTEN on a direct connection
         Relay(pooled_engine, OutboxEvent, publisher, listen_url=os.environ["DIRECT_URL"])
@@ -152,15 +120,8 @@ class Relay:
         listen_url: str | URL | None = None,
         metrics: RelayMetrics | None = None,
     ) -> None:
-        if not isinstance(engine, Engine):
-            raise InvalidArgumentType(
-                f"Relay needs a synchronous Engine, got {type(engine).__name__} "
-                "(use AsyncRelay with an AsyncEngine)"
-            )
-        if not isinstance(publisher, Publisher):
-            raise InvalidArgumentType(
-                f"publisher must have async publish(events) and aclose(), got {publisher!r}"
-            )
+        require_engine(engine)
+        require_publisher(publisher)
         self.settings = RelaySettings.build(
             name=name,
             batch=batch,
@@ -197,12 +158,11 @@ class Relay:
             max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES,
             backoff=self.settings.backoff,
         )
-        self._portal = _Portal(self.settings.name)
-        self._stopping = threading.Event()
-        self._wake = WakePipe()
+        self._portal = Portal(self.settings.name)
+        self._stopping = StopSignal()
         self._listener: SyncListener | None = None
         #: Set while the relay's LISTEN connection is open (``listen=True``, in `run`):
-        #: ``relay.listening.wait(10)`` after starting `run` elsewhere.
+        #: ``relay.listening.wait()`` after starting `run` elsewhere.
         self.listening = threading.Event()
         self._next_prune = 0.0
         self._vacuumer = None if vacuum is None else Vacuumer(engine, model, vacuum)
@@ -248,7 +208,7 @@ class Relay:
                     break
         with self.engine.begin() as conn:
             report = _drive(conn, finish(self._ops, plan, self.name, s.max_attempts))
-        _log(report)
+        log_report(report)
         recorder.finished(plan, report)
         return report
 
@@ -258,8 +218,10 @@ class Relay:
         error: BaseException | None = None
         sent, spans = traced_wave(wave)
         recorder.publishing()
-        # The publish is bounded on the loop, where a timeout also resets the publisher;
-        # the outer bound is only a guard against a publisher that ignores cancellation.
+        # Bounded by publish_timeout; a publish that timed out or was cancelled resets the
+        # publisher, so the next one does not reuse a half-open connection. `Portal`'s outer
+        # bound (the publisher on a loop in another thread) is only a guard against a
+        # publisher that ignores cancellation.
         guard = self.settings.publish_timeout.total_seconds() + RESET_TIMEOUT + 1.0
         try:
             self._portal.call(self._guarded.publish(self.publisher, sent), guard)
@@ -309,8 +271,7 @@ class Relay:
             signal.signal(signal.SIGTERM, lambda *_: relay.stop())
             relay.run()
         """
-        self._stopping.clear()
-        self._wake.drain()
+        self._stopping.begin()
         LOGGER.info("relay %s: relaying %s", self.name, self._ops.table.fullname)
         try:
             while not self._stopping.is_set():
@@ -326,29 +287,29 @@ class Relay:
                 self._listener.close()
                 self._listener = None
                 self.listening.clear()
+            self._stopping.end()
         LOGGER.info("relay %s: stopped", self.name)
 
     def stop(self) -> None:
-        """Ask `run` to return after the current cycle; safe from signal handlers.
+        """Ask `run` to return after the current cycle; safe from signal handlers and other
+        threads.
 
         Examples:
             relay.stop()
         """
         self._stopping.set()
-        self._wake.wake()
 
     def close(self) -> None:
-        """Stop, close the publisher and the relay's event loop.
+        """Stop and close the publisher (and, for `Relay`, the event loop it runs on).
 
         Examples:
             relay.close()
         """
         self.stop()
         try:
-            self._portal.call(self.publisher.aclose(), None)
+            self._portal.close(self.publisher)
         finally:
-            self._portal.close()
-            self._wake.close()
+            self._stopping.close()
 
     def __enter__(self) -> Relay:
         return self
@@ -362,8 +323,8 @@ class Relay:
             retry=tenacity.retry_if_exception(retryable(self.engine)),
             wait=retry_wait(s),
             stop=lambda _state: self._stopping.is_set(),
-            sleep=self._pause,
-            before_sleep=_log_retry(self.name),
+            sleep=self._stopping.pause,
+            before_sleep=log_retry(self.name),
         )
         try:
             for attempt in retrying:
@@ -375,10 +336,6 @@ class Relay:
         except tenacity.RetryError:
             return None  # stopped while backing off
         return None  # pragma: no cover - the loop always returns or raises
-
-    def _pause(self, seconds: float) -> None:
-        if self._stopping.wait(seconds):
-            return
 
     def _prune_if_due(self) -> None:
         now = time.monotonic()
@@ -423,10 +380,10 @@ class Relay:
                     self.listening.set()
                     return
         if self._listener is None:
-            self._stopping.wait(timeout)
+            self._stopping.pause(timeout)
             return
         try:
-            self._listener.wait(timeout, self._wake)
+            self._stopping.wait_on(self._listener, timeout)
             if self._listener.deaf():
                 LOGGER.warning(DEAF_WARNING, self.name, timeout)
         except Exception as exc:  # the connection broke: poll now, listen again next time
@@ -434,34 +391,3 @@ class Relay:
             self.listening.clear()
             self._listener.close()
             self._listener = None
-        self._wake.drain()
-
-
-def _log(report: RelayReport) -> None:
-    if report.rejected or report.lost or report.unavailable:
-        LOGGER.warning(
-            "relay %s: %d published, %d rejected (%d parked), %d released, %d lost%s",
-            report.relay,
-            report.published,
-            report.rejected,
-            report.parked,
-            report.released,
-            report.lost,
-            f"; broker unavailable: {report.unavailable}" if report.unavailable else "",
-        )
-    elif report.published:
-        LOGGER.debug("relay %s: %d published", report.relay, report.published)
-
-
-def _log_retry(name: str) -> Any:
-    def log(state: tenacity.RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome else None
-        delay = state.next_action.sleep if state.next_action else 0.0
-        LOGGER.warning(
-            "relay %s: %s; trying again in %.1f s",
-            name,
-            describe(error) if error else "failed",
-            delay,
-        )
-
-    return log
