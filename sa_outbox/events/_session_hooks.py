@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from ..queue._executors import AsyncConn
+    from ..ops import AsyncConn
 
 __all__ = ["JOB_MODEL_INFO_KEY", "enqueue", "install"]
 

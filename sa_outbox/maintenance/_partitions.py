@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import MetaData, Table
 from sqlalchemy.exc import DBAPIError
@@ -42,6 +41,7 @@ from .._connect_args import harden
 from .._exceptions import InvalidArgument
 from .._pooler import prepare_for_pooler
 from .._validation import count, duration
+from ..ops import COMMIT, ROLLBACK, BoundOp, arun, run
 from ..schema import TABLE_KIND_INFO_KEY, resolve_table
 from ..schema._partition_ddl import (
     PartitionInterval,
@@ -53,9 +53,8 @@ from ..schema._partition_ddl import (
 from ..schema._storage import storage_of
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection, Engine
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-    from sqlalchemy.sql import Executable
+    from sqlalchemy import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = ["PartitionReport", "amaintain_partitions", "maintain_partitions"]
 
@@ -89,21 +88,10 @@ class PartitionReport:
     skipped: bool = False
 
 
-class _Step:
-    """A transaction boundary in a maintenance generator."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-_COMMIT = _Step("COMMIT")
-_ROLLBACK = _Step("ROLLBACK")
-# A maintenance generator yields statements (and is sent their results) and _COMMIT /
-# _ROLLBACK (and is sent None); a database error of a statement is thrown into it.
-_Op = Generator["Executable | _Step", Any, PartitionReport]
+# A maintenance generator yields statements (and is sent their results) and COMMIT /
+# ROLLBACK (and is sent None); it is run with ``recover=True``: a database error of a
+# statement rolls back and is thrown into it.
+_Op = BoundOp[PartitionReport]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,10 +139,10 @@ def _sqlstate(exc: DBAPIError) -> str | None:
     return getattr(exc.orig, "sqlstate", None)
 
 
-def _locked_parent(plan: _Plan) -> Generator[Executable | _Step, Any, Table]:
+def _locked_parent(plan: _Plan) -> BoundOp[Table]:
     """Check the table in the database; returns the parent as partitions are named from."""
     layout = (yield st.table_layout(plan.table)).one_or_none()
-    yield _COMMIT
+    yield COMMIT
     if layout is None:
         raise InvalidArgument(f"table {plan.table.fullname!r} does not exist")
     if layout.kind != "p":
@@ -169,7 +157,7 @@ def _maintain(plan: _Plan, parent: Table) -> _Op:
     report = PartitionReport(plan.table.fullname)
     now: dt.datetime = (yield st.select_now(plan.clock)).scalar_one()
     partitions = (yield st.list_partitions(parent)).all()
-    yield _COMMIT
+    yield COMMIT
     default = next((p.name for p in partitions if p.is_default), None)
     ranged = [p for p in partitions if p.lower is not None and p.upper is not None]
 
@@ -213,7 +201,7 @@ def _create(
     name: str,
     lower: dt.datetime,
     upper: dt.datetime,
-) -> Generator[Executable | _Step, Any, int]:
+) -> BoundOp[int]:
     """Create one partition; returns how many rows moved into it from the default one."""
     yield st.set_lock_timeout(plan.lock_timeout)
     moved = 0
@@ -227,64 +215,26 @@ def _create(
         yield st.attach_partition(parent, name, lower, upper)
     else:
         yield st.create_partition(parent, name, lower, upper, plan.storage)
-    yield _COMMIT
+    yield COMMIT
     return int(moved)
 
 
-def _drop(plan: _Plan, parent: Table, name: str) -> Generator[Executable | _Step, Any, bool]:
+def _drop(plan: _Plan, parent: Table, name: str) -> BoundOp[bool]:
     """Drop one partition past retention unless it holds unfinished work; True if dropped."""
     # A first look without any lock, so a partition that stays costs no lock at all.
     unfinished = (yield st.has_unfinished_rows(parent, name, plan.kind)).scalar()
-    yield _COMMIT
+    yield COMMIT
     if unfinished:
         return False
     yield st.set_lock_timeout(plan.lock_timeout)
     yield st.detach_partition(parent, name)
     # Detached and locked: nothing can write to it now. Look again before dropping.
     if (yield st.has_unfinished_rows(parent, name, plan.kind)).scalar():
-        yield _ROLLBACK  # attached again, as it was
+        yield ROLLBACK  # attached again, as it was
         return False
     yield st.drop_partition(parent, name)
-    yield _COMMIT
+    yield COMMIT
     return True
-
-
-def _run(conn: Connection, op: Generator[Executable | _Step, Any, Any]) -> Any:
-    try:
-        step = next(op)
-        while True:
-            if isinstance(step, _Step):
-                (conn.commit if step is _COMMIT else conn.rollback)()
-                step = op.send(None)
-                continue
-            try:
-                result = conn.execute(step)
-            except DBAPIError as exc:
-                conn.rollback()
-                step = op.throw(exc)
-            else:
-                step = op.send(result)
-    except StopIteration as stop:
-        return stop.value
-
-
-async def _arun(conn: AsyncConnection, op: Generator[Executable | _Step, Any, Any]) -> Any:
-    try:
-        step = next(op)
-        while True:
-            if isinstance(step, _Step):
-                await (conn.commit if step is _COMMIT else conn.rollback)()
-                step = op.send(None)
-                continue
-            try:
-                result = await conn.execute(step)
-            except DBAPIError as exc:
-                await conn.rollback()
-                step = op.throw(exc)
-            else:
-                step = op.send(result)
-    except StopIteration as stop:
-        return stop.value
 
 
 def _locked_run(plan: _Plan, parent: Table, locked: bool) -> _Op:
@@ -319,11 +269,11 @@ def maintain_partitions(
     harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
     prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
     with engine.connect() as conn:
-        parent: Table = _run(conn, _locked_parent(plan))
+        parent: Table = run(conn, _locked_parent(plan), recover=True)
         locked = bool(conn.execute(st.partition_lock(parent)).scalar())
         conn.commit()
         try:
-            report: PartitionReport = _run(conn, _locked_run(plan, parent, locked))
+            report: PartitionReport = run(conn, _locked_run(plan, parent, locked), recover=True)
         finally:
             if locked:
                 conn.rollback()
@@ -350,11 +300,13 @@ async def amaintain_partitions(
     harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
     prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
     async with engine.connect() as conn:
-        parent: Table = await _arun(conn, _locked_parent(plan))
+        parent: Table = await arun(conn, _locked_parent(plan), recover=True)
         locked = bool((await conn.execute(st.partition_lock(parent))).scalar())
         await conn.commit()
         try:
-            report: PartitionReport = await _arun(conn, _locked_run(plan, parent, locked))
+            report: PartitionReport = await arun(
+                conn, _locked_run(plan, parent, locked), recover=True
+            )
         finally:
             if locked:
                 await conn.rollback()

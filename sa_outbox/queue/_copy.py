@@ -51,7 +51,7 @@ from ..statements._job_enqueue import NewJob, _check, _plain, has_headers
 from ..statements._job_headers import job_headers_text
 
 if TYPE_CHECKING:
-    from ._executors import AsyncConn, SyncConn
+    from ..ops import AsyncConn, SyncConn
 
 __all__ = ["CopyPlan", "copy_jobs_async", "copy_jobs_sync", "plan_copy"]
 

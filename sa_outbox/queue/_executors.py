@@ -1,30 +1,30 @@
 """Layer 3: run the query builder's statements and turn rows into typed results.
 
 Each operation is written once, as a generator that yields statements and receives their
-results (the sans-I/O style of psycopg 3); `_drive` runs it on a sync Connection/Session and
-`_adrive` on an AsyncConnection/AsyncSession. The public classes are thin wrappers that give
-each operation its typed signature. None of them commits: the caller owns the transaction
-(`_drive_autocommit` excepted: given an Engine, `JobQueue.enqueue` is one autocommit INSERT).
+results (the sans-I/O style of psycopg 3); `sa_outbox.ops.run` runs it on a sync
+Connection/Session and `sa_outbox.ops.arun` on an AsyncConnection/AsyncSession. The public
+classes are thin wrappers that give each operation its typed signature. None of them
+commits: the caller owns the transaction (given an Engine, `JobQueue.enqueue` is one
+autocommit INSERT: ``run(engine, op, autocommit=True)``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeAlias, TypeVar
 
-from sqlalchemy import Connection, Engine, Executable
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, Executable
 
 from .. import statements as st
 from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import LeaseLost
 from .._json import fast_compact_json
-from .._pooler import prepare_for_pooler
 from .._tracing import current_trace_headers
 from .._validation import count, name_filter
+from ..ops import BoundOp, BoundStep, Op, Step, SyncConn
 from ..schema import JobStatus, resolve_table
 from ..statements._common import Dumps, id_token_pairs
 from ..statements._job_cancel import job_ids
@@ -54,69 +54,6 @@ T = TypeVar("T")
 _NOT_INSERTED = EnqueueResult(id=None, inserted=False)
 #: The parameter a unique job's values hold (`st.UNIQUE_ENQUEUE_PARAMETERS`).
 _UNIQUE = "job_unique_digest"
-# A statement, or a statement and the values of its bind parameters (a statement built once
-# and run again with new values, see `_JobOps.complete_rows`).
-Step: TypeAlias = Executable | tuple[Executable, dict[str, Any]]
-# An operation yields statements and is sent back each statement's (buffered) Result.
-Op = Generator[Step, Any, T]
-# A statement, its values, and the ``bind_arguments`` a Session needs to find its engine (a
-# statement as text names no table, see `_JobOps._enqueue_step`); only `_drive` and
-# `_adrive` run those.
-BoundStep: TypeAlias = tuple[Executable, dict[str, Any], dict[str, Any]]
-BoundOp = Generator[Step | BoundStep, Any, T]
-SyncConn: TypeAlias = Connection | Session
-
-if TYPE_CHECKING:
-    # sqlalchemy.ext.asyncio needs greenlet, an optional extra: import it only for typing.
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-
-    AsyncConn: TypeAlias = AsyncConnection | AsyncSession
-
-
-def _drive(conn: SyncConn, op: BoundOp[T]) -> T:
-    try:
-        step = next(op)
-        while True:
-            if not isinstance(step, tuple):
-                step = op.send(conn.execute(step))
-            elif len(step) == 3 and isinstance(conn, Session):
-                step = op.send(conn.execute(step[0], step[1], bind_arguments=step[2]))
-            else:
-                step = op.send(conn.execute(step[0], step[1]))
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-async def _adrive(conn: AsyncConn, op: BoundOp[T]) -> T:
-    try:
-        step = next(op)
-        while True:
-            if not isinstance(step, tuple):
-                step = op.send(await conn.execute(step))
-            elif len(step) == 3 and hasattr(conn, "sync_session"):
-                session = cast("AsyncSession", conn)
-                step = op.send(await session.execute(step[0], step[1], bind_arguments=step[2]))
-            else:
-                step = op.send(await conn.execute(step[0], step[1]))
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-def _drive_autocommit(engine: Engine, op: BoundOp[T]) -> T:
-    """Run ``op`` on a connection of ``engine`` in autocommit: each statement commits itself
-    (one round trip each, no BEGIN or COMMIT of their own)."""
-    prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
-    with engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT")
-        return _drive(conn, op)
-
-
-async def _adrive_autocommit(engine: AsyncEngine, op: BoundOp[T]) -> T:
-    """`_drive_autocommit` for an `AsyncEngine`."""
-    prepare_for_pooler(engine)
-    async with engine.connect() as conn:
-        await conn.execution_options(isolation_level="AUTOCOMMIT")
-        return await _adrive(conn, op)
 
 
 def _claim_order(job: ClaimedJob) -> tuple[int, dt.datetime, uuid.UUID]:

@@ -10,11 +10,11 @@ from .. import statements as st
 from .._asyncio_ext import is_async_engine
 from .._clock import Clock
 from .._exceptions import InvalidArgumentType
+from ..ops import Op, SyncConn, arun, run
 from ..statements._inbox import checked_message, inbox_table
-from ._executors import Op, SyncConn, _adrive, _drive
 
 if TYPE_CHECKING:
-    from ._executors import AsyncConn
+    from ..ops import AsyncConn
 
 
 def _in_a_transaction(conn: object) -> None:
@@ -85,7 +85,7 @@ class Inbox(_Base):
         """
         _in_a_transaction(conn)
         source, message_id = checked_message(message_id, source)
-        return _drive(conn, self._ops.accept(source, message_id))
+        return run(conn, self._ops.accept(source, message_id))
 
 
 class AsyncInbox(_Base):
@@ -110,4 +110,4 @@ class AsyncInbox(_Base):
         """
         _in_a_transaction(conn)
         source, message_id = checked_message(message_id, source)
-        return await _adrive(conn, self._ops.accept(source, message_id))
+        return await arun(conn, self._ops.accept(source, message_id))

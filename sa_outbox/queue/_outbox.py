@@ -14,13 +14,14 @@ from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import LeaseLost
 from .._tracing import current_trace_headers
+from ..ops import Op, SyncConn, arun, run
 from ..schema import resolve_table
 from ..statements._common import Dumps
-from ._executors import Op, SyncConn, _adrive, _batch, _drive, _payload_options
+from ._executors import _batch, _payload_options
 from ._results import BatchResult, ClaimedEvent, ParkedEvent, RejectedEvent
 
 if TYPE_CHECKING:
-    from ._executors import AsyncConn
+    from ..ops import AsyncConn
 
 Pairs = Sequence[tuple[uuid.UUID, uuid.UUID]]
 
@@ -205,7 +206,7 @@ class Outbox(_Base):
             )
         """
         options = _event_options(event_type, aggregate_type, aggregate_id, payload, headers)
-        return _drive(conn, self._ops.append(options))
+        return run(conn, self._ops.append(options))
 
     def claim(
         self,
@@ -224,7 +225,7 @@ class Outbox(_Base):
         Examples:
             events = outbox.claim(conn, batch=100)
         """
-        return _drive(conn, self._ops.claim(batch, lease, per_aggregate))
+        return run(conn, self._ops.claim(batch, lease, per_aggregate))
 
     def mark_published(self, conn: SyncConn, event_id: uuid.UUID, token: uuid.UUID) -> None:
         """Mark one event published after the broker took it, or raise `LeaseLost`.
@@ -232,7 +233,7 @@ class Outbox(_Base):
         Examples:
             outbox.mark_published(conn, event.id, event.relay_token)
         """
-        _drive(conn, self._ops.mark_published(event_id, token))
+        run(conn, self._ops.mark_published(event_id, token))
 
     def mark_published_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
         """Mark many events published in one statement.
@@ -241,7 +242,7 @@ class Outbox(_Base):
             pairs = [(e.id, e.relay_token) for e in events]
             outbox.mark_published_many(conn, pairs)
         """
-        return _drive(conn, self._ops.mark_published_many(pairs))
+        return run(conn, self._ops.mark_published_many(pairs))
 
     def prune(self, conn: SyncConn, *, older_than: dt.timedelta | float, batch: int = 1000) -> int:
         """Delete one batch of events published more than ``older_than`` ago.
@@ -250,7 +251,7 @@ class Outbox(_Base):
             outbox.prune(conn, older_than=dt.timedelta(days=7))
             # -> 0
         """
-        return _drive(conn, self._ops.prune(older_than, batch))
+        return run(conn, self._ops.prune(older_than, batch))
 
     def reject_many(
         self,
@@ -269,7 +270,7 @@ class Outbox(_Base):
                 conn, [(event.id, event.relay_token, "message too large")], max_attempts=10
             )
         """
-        return _drive(conn, self._ops.reject_many(failures, max_attempts))
+        return run(conn, self._ops.reject_many(failures, max_attempts))
 
     def release_many(
         self, conn: SyncConn, pairs: Pairs, *, error: str | None = None, attempted: bool = False
@@ -283,7 +284,7 @@ class Outbox(_Base):
             outbox.release_many(conn, [(e.id, e.relay_token) for e in events],
                                 error="connection refused")
         """
-        return _drive(conn, self._ops.release_many(pairs, error, attempted))
+        return run(conn, self._ops.release_many(pairs, error, attempted))
 
     def requeue_parked(
         self, conn: SyncConn, *, ids: Sequence[object] | None = None
@@ -293,7 +294,7 @@ class Outbox(_Base):
         Examples:
             outbox.requeue_parked(conn, ids=[parked.id])
         """
-        return _drive(conn, self._ops.requeue_parked(ids))
+        return run(conn, self._ops.requeue_parked(ids))
 
     def parked(self, conn: SyncConn) -> list[ParkedEvent]:
         """The parked events, oldest first, each with its ``last_error``.
@@ -302,7 +303,7 @@ class Outbox(_Base):
             for event in outbox.parked(conn):
                 print(event.event_type, event.aggregate_id, event.last_error)
         """
-        return _drive(conn, self._ops.parked())
+        return run(conn, self._ops.parked())
 
 
 class AsyncOutbox(_Base):
@@ -326,7 +327,7 @@ class AsyncOutbox(_Base):
     ) -> uuid.UUID:
         """See `Outbox.append`."""
         options = _event_options(event_type, aggregate_type, aggregate_id, payload, headers)
-        return await _adrive(conn, self._ops.append(options))
+        return await arun(conn, self._ops.append(options))
 
     async def claim(
         self,
@@ -337,21 +338,21 @@ class AsyncOutbox(_Base):
         per_aggregate: int | None = None,
     ) -> list[ClaimedEvent]:
         """See `Outbox.claim`."""
-        return await _adrive(conn, self._ops.claim(batch, lease, per_aggregate))
+        return await arun(conn, self._ops.claim(batch, lease, per_aggregate))
 
     async def mark_published(self, conn: AsyncConn, event_id: uuid.UUID, token: uuid.UUID) -> None:
         """See `Outbox.mark_published`."""
-        await _adrive(conn, self._ops.mark_published(event_id, token))
+        await arun(conn, self._ops.mark_published(event_id, token))
 
     async def mark_published_many(self, conn: AsyncConn, pairs: Pairs) -> BatchResult:
         """See `Outbox.mark_published_many`."""
-        return await _adrive(conn, self._ops.mark_published_many(pairs))
+        return await arun(conn, self._ops.mark_published_many(pairs))
 
     async def prune(
         self, conn: AsyncConn, *, older_than: dt.timedelta | float, batch: int = 1000
     ) -> int:
         """See `Outbox.prune`."""
-        return await _adrive(conn, self._ops.prune(older_than, batch))
+        return await arun(conn, self._ops.prune(older_than, batch))
 
     async def reject_many(
         self,
@@ -361,20 +362,20 @@ class AsyncOutbox(_Base):
         max_attempts: int,
     ) -> list[RejectedEvent]:
         """See `Outbox.reject_many`."""
-        return await _adrive(conn, self._ops.reject_many(failures, max_attempts))
+        return await arun(conn, self._ops.reject_many(failures, max_attempts))
 
     async def release_many(
         self, conn: AsyncConn, pairs: Pairs, *, error: str | None = None, attempted: bool = False
     ) -> BatchResult:
         """See `Outbox.release_many`."""
-        return await _adrive(conn, self._ops.release_many(pairs, error, attempted))
+        return await arun(conn, self._ops.release_many(pairs, error, attempted))
 
     async def requeue_parked(
         self, conn: AsyncConn, *, ids: Sequence[object] | None = None
     ) -> list[uuid.UUID]:
         """See `Outbox.requeue_parked`."""
-        return await _adrive(conn, self._ops.requeue_parked(ids))
+        return await arun(conn, self._ops.requeue_parked(ids))
 
     async def parked(self, conn: AsyncConn) -> list[ParkedEvent]:
         """See `Outbox.parked`."""
-        return await _adrive(conn, self._ops.parked())
+        return await arun(conn, self._ops.parked())

@@ -24,7 +24,7 @@ from .._connect_args import harden
 from .._exceptions import InvalidArgumentType
 from .._pooler import prepare_for_pooler
 from ..maintenance._vacuum import DEFAULT_VACUUM, AsyncVacuumer, VacuumPolicy, VacuumReport
-from ..queue._executors import _adrive
+from ..ops import arun as _adrive
 from ..queue._outbox import _OutboxOps
 from ..queue._results import ClaimedEvent
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES

@@ -19,7 +19,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from .._pooler import note_prepared_statement_error
 from .._validation import storable_text
-from ..queue._executors import Op
+from ..ops import Op
 from ..queue._outbox import _OutboxOps
 from ..queue._results import ClaimedEvent
 from ._config import RelaySettings

@@ -25,7 +25,7 @@ from sqlalchemy import URL, Engine, text
 
 from .._connect_args import listen_connect_args
 from .._pooler import PROBE_NOTIFY_SQL, NotifyProbe, athrough_pooler, through_pooler
-from ..queue._executors import _adrive, _drive
+from ..ops import arun, run
 from ..queue._outbox import _OutboxOps
 from ._core import LOGGER
 
@@ -118,7 +118,7 @@ class SyncListener:
         except ImportError:  # pragma: no cover - psycopg is a dependency
             return None
         with engine.connect() as conn:
-            channel = _drive(conn, ops.notify_channel())
+            channel = run(conn, ops.notify_channel())
         if channel is None:
             LOGGER.warning("outbox table %s not found: polling", ops.table.fullname)
             return None
@@ -196,7 +196,7 @@ class AsyncListener:
         except ImportError:  # pragma: no cover - psycopg is a dependency
             return None
         async with engine.connect() as conn:
-            channel = await _adrive(conn, ops.notify_channel())
+            channel = await arun(conn, ops.notify_channel())
         if channel is None:
             LOGGER.warning("outbox table %s not found: polling", ops.table.fullname)
             return None

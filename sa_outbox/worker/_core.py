@@ -21,7 +21,8 @@ from typing import Any
 from .. import statements as st
 from .._exceptions import InvalidArgument, InvalidArgumentType, LeaseLost
 from .._tracing import trace_id_of
-from ..queue._executors import Op, _JobOps
+from ..ops import Op
+from ..queue._executors import _JobOps
 from ..queue._results import BatchResult, ClaimedJob
 from ..schema import JobStatus
 from ._settings import PREFETCH_BATCHES, PREFETCH_HORIZON, Settings, error_text, log

@@ -26,7 +26,7 @@ from .._pooler import PROBE_NOTIFY_SQL
 from .._sqlstate import is_bad_data
 from ..maintenance._retention import AsyncPruner, PruneReport, Retention
 from ..maintenance._vacuum import AsyncVacuumer, VacuumPolicy, VacuumReport
-from ..queue._executors import Op, _adrive
+from ..ops import Op, arun
 from ..queue._results import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import AsyncHeldConnection, can_hold
@@ -297,7 +297,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 return await self._held.run(op())
             await self._held.release()  # the loop never needs two connections at once
             async with self.engine.begin() as conn:
-                return await _adrive(conn, op())
+                return await arun(conn, op())
 
         self._in_database = True
         loop = asyncio.current_task() is self._run_task
@@ -466,7 +466,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
 
         async def channel() -> str | None:
             async with self.engine.begin() as conn:
-                return await _adrive(conn, self.core.ops.notify_channel())
+                return await arun(conn, self.core.ops.notify_channel())
 
         async def probe(channel: str) -> None:
             async with self.engine.begin() as conn:
@@ -648,7 +648,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         try:
             if pairs:
                 async with self.engine.begin() as conn:
-                    beat = await _adrive(conn, self.core.heartbeat_op(pairs))
+                    beat = await arun(conn, self.core.heartbeat_op(pairs))
                 result = beat.result
                 lost = self.core.beaten(pairs, beat, sent_at)
         finally:  # a heartbeat that failed may leave leases to expire: cancel those jobs
@@ -701,7 +701,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         if self.scheduler is None:
             return []
         async with self.engine.begin() as conn:
-            now, ticks = await _adrive(conn, self.scheduler.run_op(self._schedule_ops, self._clock))
+            now, ticks = await arun(conn, self.scheduler.run_op(self._schedule_ops, self._clock))
         return self._scheduled(now, ticks)
 
     async def reclaim(self) -> list[ReclaimedJob]:

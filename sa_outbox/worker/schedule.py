@@ -41,7 +41,8 @@ from .._validation import (
 from .._validation import (
     name as _checked_name,
 )
-from ..queue._executors import Op, _JobOps
+from ..ops import Op
+from ..queue._executors import _JobOps
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, latest_deduplication_key
 
 __all__ = [
