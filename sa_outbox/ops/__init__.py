@@ -29,6 +29,7 @@ from ._drive import (
     arun,
     run,
 )
+from ._params import ClaimParams
 
 __all__ = [
     "COMMIT",
@@ -37,6 +38,7 @@ __all__ = [
     "AsyncHeldSteps",
     "BoundOp",
     "BoundStep",
+    "ClaimParams",
     "HeldSteps",
     "Op",
     "Step",

@@ -24,7 +24,7 @@ from .._exceptions import LeaseLost
 from .._json import fast_compact_json
 from .._tracing import current_trace_headers
 from .._validation import count, name_filter
-from ..ops import BoundOp, BoundStep, Op, Step, SyncConn
+from ..ops import BoundOp, BoundStep, ClaimParams, Op, Step, SyncConn
 from ..schema import JobStatus, resolve_table
 from ..statements._common import Dumps, id_token_pairs
 from ..statements._job_cancel import job_ids
@@ -60,29 +60,23 @@ def _claim_order(job: ClaimedJob) -> tuple[int, dt.datetime, uuid.UUID]:
     return (-job.priority, job.run_at, job.id)
 
 
-def _hashable(names: object) -> object:
-    """An option's value as a dictionary key (a list or set of names becomes a tuple)."""
-    return tuple(names) if isinstance(names, list | set | frozenset) else names
-
-
 def _cached(
-    cache: dict[tuple[Any, ...], Executable],
-    options: dict[str, Any] | None,
+    cache: dict[ClaimParams, Executable],
+    params: ClaimParams | None,
     build: Callable[[], Executable],
 ) -> Executable:
-    """The statement ``build`` makes for ``options``, built once per distinct options
+    """The statement ``build`` makes for ``params``, built once per distinct parameters
     (``None``: not cacheable, built afresh)."""
-    if options is None:
+    if params is None:
         return build()
-    key = tuple((name, _hashable(value)) for name, value in sorted(options.items()))
     try:
-        stmt = cache.get(key)
+        stmt = cache.get(params)
     except TypeError:  # an unhashable option: let the builder say what is wrong with it
         return build()
     if stmt is None:
         stmt = build()
         if len(cache) < 64:
-            cache[key] = stmt
+            cache[params] = stmt
     return stmt
 
 
@@ -125,10 +119,10 @@ class _JobOps:
         # The same two for unique jobs (a statement of their own, built when first needed).
         self._enqueue_unique: tuple[Executable, dict[str, Any] | None] | None = None
         self._driver_insert_unique: DriverInsert | None = None
-        self._claims: dict[tuple[Any, ...], Executable] = {}
+        self._claims: dict[ClaimParams, Executable] = {}
         self._locks: dict[tuple[Any, ...], Executable | None] = {}
         self._completion: Executable | None = None
-        self._complete_claims: dict[tuple[Any, ...], Executable] = {}
+        self._complete_claims: dict[ClaimParams, Executable] = {}
 
     def enqueue_values(self, kind: str, payload: Any, options: dict[str, Any]) -> dict[str, Any]:
         """The job's checked values (the payload and headers serialised, the current trace
@@ -218,52 +212,74 @@ class _JobOps:
         inserted = set(returned)
         return [EnqueueResult(id=i, inserted=True) if i in inserted else _NOT_INSERTED for i in ids]
 
-    def claim(self, options: dict[str, Any]) -> Op[list[ClaimedJob]]:
-        lock = self._limits_lock(options)
+    def claim(self, params: ClaimParams) -> Op[list[ClaimedJob]]:
+        lock = self._limits_lock(params)
         if lock is not None:
             yield lock
-        rows = (yield self._claim_statement(options)).all()
+        rows = (yield self._claim_statement(params)).all()
         # The claim returns ClaimedJob's fields in their order (st.claim_jobs' RETURNING).
         jobs = [ClaimedJob(*row) for row in rows]
         # RETURNING has no order of its own: hand jobs out in the claim's order.
         jobs.sort(key=_claim_order)
         return jobs
 
-    def _limits_lock(self, options: dict[str, Any]) -> Executable | None:
+    def _limits_lock(self, params: ClaimParams) -> Executable | None:
         """`st.lock_claim_limits` for the limits this claim touches (``None``: none), built
         once per limits, queues and kinds (a worker claims with the same ones every time)."""
-        limits = options.get("limits")
-        if limits is None or not isinstance(limits, st.ClaimLimits):
-            return None  # not a ClaimLimits: claim_jobs says what is wrong with it
-        queues, kinds = options.get("queues"), options.get("kinds")
-        key = (limits, _hashable(queues), _hashable(kinds))
+        limits = params.limits
+        if limits is None:
+            return None
+        key = (limits, params.queues, params.kinds)
         if key not in self._locks:
-            applied = limits.applying(name_filter(queues, "queues"), name_filter(kinds, "kinds"))
+            applied = limits.applying(
+                name_filter(params.queues, "queues"), name_filter(params.kinds, "kinds")
+            )
             self._locks[key] = (
                 None if applied is None else st.lock_claim_limits(self.table, applied)
             )
         return self._locks[key]
 
-    def _claim_statement(self, options: dict[str, Any]) -> Executable:
-        # A worker claims with the same options again and again: with the database's clock
-        # the statement holds no value that changes, so it is built (~0.4 ms) and its cache
-        # key computed (~0.5 ms) once, not at every claim. A FakeClock's time is a bound
-        # value: those statements are built afresh.
+    def _claim_statement(self, params: ClaimParams) -> Executable:
+        # A worker claims with the same parameters again and again: with the database's
+        # clock the statement holds no value that changes, so it is built (~0.4 ms) and its
+        # cache key computed (~0.5 ms) once, not at every claim. A FakeClock's time is a
+        # bound value: those statements are built afresh.
         return _cached(
             self._claims,
-            None if self.clock is not None else options,
-            lambda: st.claim_jobs(self.table, clock=self.clock, **options),
+            None if self.clock is not None else params,
+            lambda: st.claim_jobs(
+                self.table,
+                worker_id=params.worker_id,
+                batch=params.batch,
+                lease=params.lease,
+                queues=params.queues,
+                kinds=params.kinds,
+                paused=params.paused,
+                limits=params.limits,
+                clock=self.clock,
+            ),
         )
 
     def complete_and_claim(
-        self, pairs: Sequence[Pair], options: dict[str, Any]
+        self, pairs: Sequence[Pair], params: ClaimParams
     ) -> Op[tuple[set[Pair], list[ClaimedJob]]]:
-        """The batched completion and a claim in one statement (`st.complete_and_claim_jobs`);
-        returns the (id, token) pairs completed and the jobs claimed, in the claim's order."""
+        """The batched completion and a claim in one statement (`st.complete_and_claim_jobs`;
+        ``params`` without ``limits``); returns the (id, token) pairs completed and the jobs
+        claimed, in the claim's order."""
         stmt = _cached(
             self._complete_claims,
-            None if self.clock is not None else options,
-            lambda: st.complete_and_claim_jobs(self.table, pairs, clock=self.clock, **options),
+            None if self.clock is not None else params,
+            lambda: st.complete_and_claim_jobs(
+                self.table,
+                pairs,
+                worker_id=params.worker_id,
+                batch=params.batch,
+                lease=params.lease,
+                queues=params.queues,
+                kinds=params.kinds,
+                paused=params.paused,
+                clock=self.clock,
+            ),
         )
         ids, tokens = id_token_pairs(pairs, "completion pairs")
         rows = (yield stmt, {COMPLETION_IDS: ids, COMPLETION_TOKENS: tokens}).all()

@@ -14,7 +14,7 @@ from .._asyncio_ext import is_async_engine
 from .._backoff import Backoff
 from .._clock import Clock
 from .._tracing import current_trace_headers
-from ..ops import SyncConn, arun, run
+from ..ops import ClaimParams, SyncConn, arun, run
 from ..schema import JobStatus
 from ..statements._common import Dumps
 from ._copy import copy_jobs_async, copy_jobs_sync
@@ -202,16 +202,15 @@ class JobQueue(_Base):
         Examples:
             jobs = queue.claim(conn, worker_id="w1", batch=20)
         """
-        options = {
-            "worker_id": worker_id,
-            "batch": batch,
-            "lease": lease,
-            "queues": queues,
-            "kinds": kinds,
-        }
-        if limits is not None:
-            options["limits"] = limits
-        return run(conn, self._ops.claim(options))
+        params = ClaimParams(
+            worker_id=worker_id,
+            batch=batch,
+            lease=lease,
+            queues=queues,
+            kinds=kinds,
+            limits=limits,
+        )
+        return run(conn, self._ops.claim(params))
 
     def heartbeat(
         self,
@@ -454,16 +453,15 @@ class AsyncJobQueue(_Base):
         limits: st.ClaimLimits | None = None,
     ) -> list[ClaimedJob]:
         """See `JobQueue.claim`."""
-        options = {
-            "worker_id": worker_id,
-            "batch": batch,
-            "lease": lease,
-            "queues": queues,
-            "kinds": kinds,
-        }
-        if limits is not None:
-            options["limits"] = limits
-        return await arun(conn, self._ops.claim(options))
+        params = ClaimParams(
+            worker_id=worker_id,
+            batch=batch,
+            lease=lease,
+            queues=queues,
+            kinds=kinds,
+            limits=limits,
+        )
+        return await arun(conn, self._ops.claim(params))
 
     async def heartbeat(
         self,

@@ -232,7 +232,7 @@ class DriverBase(abc.ABC, Generic[E]):
         if pauses is not None:
             # The claim itself skips the paused queues (see QueueControl), whatever the worker
             # last heard: a pause needs no message to reach every worker.
-            self.core.claim_options["paused"] = resolve_table(pauses)
+            self.core.skip_paused(resolve_table(pauses))
         self.install_signal_handlers = install_signal_handlers
         self._stop_requested = False
         self._give_up_at: float | None = None
