@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 import sa_outbox
 from sa_outbox import JobQueue
-from sa_outbox.queue._cursor import NOT_RUN, DriverInsert
+from sa_outbox.ops._cursor import NOT_RUN, DriverInsert
 
 from .conftest import TEST_SCHEMA, Job, Order
 

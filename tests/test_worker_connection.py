@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 from sa_outbox import Backoff, JobApp, JobContext, JobQueue, NewJob, Worker, WorkerMetrics
 from sa_outbox import statements as st
 from sa_outbox.ops import ClaimParams
-from sa_outbox.queue._executors import _JobOps
+from sa_outbox.ops import JobOps as _JobOps
 from sa_outbox.statements import COMPLETION_IDS, COMPLETION_TOKENS
 from sa_outbox.worker._direct import HeldConnection, driver_statement
 

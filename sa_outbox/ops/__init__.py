@@ -3,7 +3,8 @@
 Between the statements (`sa_outbox.statements`, which build SQL) and the runtimes (the
 queue's classes, the worker, the relay, maintenance): an operation is a generator that
 yields statements and is sent back their results; `run` drives it on a sync connection,
-`arun` on an asyncio one.
+`arun` on an asyncio one. `JobOps`, `OutboxOps`, `InboxOps` and `PartitionOps` hold the
+operations of each table; `ClaimParams` is what a claim asks for.
 
 Examples:
     >>> from sqlalchemy import create_engine, text
@@ -29,10 +30,16 @@ from ._drive import (
     arun,
     run,
 )
+from ._inbox import InboxOps
+from ._jobs import JobOps
+from ._outbox import OutboxOps
 from ._params import ClaimParams
+from ._partitions import DEFAULT_AHEAD, DEFAULT_LOCK_TIMEOUT, PartitionOps, PartitionReport
 
 __all__ = [
     "COMMIT",
+    "DEFAULT_AHEAD",
+    "DEFAULT_LOCK_TIMEOUT",
     "ROLLBACK",
     "AsyncConn",
     "AsyncHeldSteps",
@@ -40,7 +47,12 @@ __all__ = [
     "BoundStep",
     "ClaimParams",
     "HeldSteps",
+    "InboxOps",
+    "JobOps",
     "Op",
+    "OutboxOps",
+    "PartitionOps",
+    "PartitionReport",
     "Step",
     "SyncConn",
     "TransactionStep",

@@ -6,12 +6,11 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, Table
 
-from .. import statements as st
 from .._asyncio_ext import is_async_engine
 from .._clock import Clock
 from .._exceptions import InvalidArgumentType
-from ..ops import Op, SyncConn, arun, run
-from ..statements._inbox import checked_message, inbox_table
+from ..ops import InboxOps, SyncConn, arun, run
+from ..statements._inbox import checked_message
 
 if TYPE_CHECKING:
     from ..ops import AsyncConn
@@ -30,19 +29,9 @@ def _in_a_transaction(conn: object) -> None:
         )
 
 
-class _InboxOps:
-    def __init__(self, model: object, clock: Clock | None) -> None:
-        self.table = inbox_table(model)
-        self.clock = clock
-
-    def accept(self, source: str, message_id: str) -> Op[bool]:
-        stmt = st.accept_message(self.table, message_id, source=source, clock=self.clock)
-        return (yield stmt).first() is not None
-
-
 class _Base:
     def __init__(self, model: object, *, clock: Clock | None = None) -> None:
-        self._ops = _InboxOps(model, clock)
+        self._ops = InboxOps(model, clock=clock)
 
     @property
     def table(self) -> Table:

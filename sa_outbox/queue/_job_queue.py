@@ -14,13 +14,9 @@ from .._asyncio_ext import is_async_engine
 from .._backoff import Backoff
 from .._clock import Clock
 from .._tracing import current_trace_headers
-from ..ops import ClaimParams, SyncConn, arun, run
-from ..schema import JobStatus
-from ..statements._common import Dumps
-from ._copy import copy_jobs_async, copy_jobs_sync
-from ._cursor import NOT_RUN
-from ._executors import _JobOps
-from ._results import (
+from ..ops import ClaimParams, JobOps, SyncConn, arun, run
+from ..ops._cursor import NOT_RUN
+from ..ops._results import (
     BatchResult,
     CancelResult,
     ClaimedJob,
@@ -29,6 +25,9 @@ from ._results import (
     RetriedJobs,
     RetryResult,
 )
+from ..schema import JobStatus
+from ..statements._common import Dumps
+from ._copy import copy_jobs_async, copy_jobs_sync
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -49,7 +48,7 @@ class _Base:
         dumps: Dumps | None = None,
         max_payload_bytes: int = st.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
-        self._ops = _JobOps(
+        self._ops = JobOps(
             model, clock=clock, backoff=backoff, dumps=dumps, max_payload_bytes=max_payload_bytes
         )
 

@@ -25,8 +25,7 @@ from sqlalchemy import URL, Engine, text
 
 from .._connect_args import listen_connect_args
 from .._pooler import PROBE_NOTIFY_SQL, NotifyProbe, athrough_pooler, through_pooler
-from ..ops import arun, run
-from ..queue._outbox import _OutboxOps
+from ..ops import OutboxOps, arun, run
 from ._core import LOGGER
 
 if TYPE_CHECKING:
@@ -111,7 +110,7 @@ class SyncListener:
 
     @classmethod
     def open(
-        cls, engine: Engine, ops: _OutboxOps, listen_url: URL | None = None
+        cls, engine: Engine, ops: OutboxOps, listen_url: URL | None = None
     ) -> SyncListener | None:
         try:
             import psycopg
@@ -189,7 +188,7 @@ class AsyncListener:
 
     @classmethod
     async def open(
-        cls, engine: AsyncEngine, ops: _OutboxOps, listen_url: URL | None = None
+        cls, engine: AsyncEngine, ops: OutboxOps, listen_url: URL | None = None
     ) -> AsyncListener | None:
         try:
             import psycopg

@@ -23,9 +23,8 @@ from sqlalchemy import Table
 from .. import statements as st
 from .._exceptions import InvalidArgument, InvalidArgumentType, LeaseLost
 from .._tracing import trace_id_of
-from ..ops import ClaimParams, Op
-from ..queue._executors import _JobOps
-from ..queue._results import BatchResult, ClaimedJob
+from ..ops import ClaimParams, JobOps, Op
+from ..queue import BatchResult, ClaimedJob
 from ..schema import JobStatus
 from ._settings import PREFETCH_BATCHES, PREFETCH_HORIZON, Settings, error_text, log
 from .context import CancelReason, JobContext
@@ -107,7 +106,7 @@ class Core:
     def __init__(
         self,
         app: JobApp,
-        ops: _JobOps,
+        ops: JobOps,
         settings: Settings,
         metrics: WorkerMetrics | None,
         timer: Callable[[], float],

@@ -25,7 +25,7 @@ from .._pooler import note_prepared_statement_error, prepare_for_pooler
 from .._sqlstate import is_configuration_error
 from ..maintenance._retention import PruneReport, Retention
 from ..maintenance._vacuum import DEFAULT_VACUUM, VacuumPolicy, VacuumReport
-from ..queue._executors import _JobOps
+from ..ops import JobOps
 from ..schema import resolve_table
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result
@@ -220,7 +220,7 @@ class DriverBase(abc.ABC, Generic[E]):
                     "@app.handler(kind) first, or name kinds=ALL_KINDS to fail every job"
                 )
             self.settings = dataclasses.replace(self.settings, kinds=tuple(sorted(app.kinds)))
-        ops = _JobOps(
+        ops = JobOps(
             app.model,
             clock=clock,
             backoff=app.backoff,

@@ -27,7 +27,7 @@ from .._sqlstate import is_bad_data
 from ..maintenance._retention import AsyncPruner, PruneReport, Retention
 from ..maintenance._vacuum import AsyncVacuumer, VacuumPolicy, VacuumReport
 from ..ops import Op, arun
-from ..queue._results import BatchResult, ReclaimedJob
+from ..queue import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import AsyncHeldConnection, can_hold
 from ._driver import FINAL_WRITE_TIMEOUT, Chore, DriverBase, KeeperPlan

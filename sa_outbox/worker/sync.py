@@ -27,7 +27,7 @@ from .._sqlstate import is_bad_data
 from ..maintenance._retention import Pruner, PruneReport, Retention
 from ..maintenance._vacuum import Vacuumer, VacuumPolicy, VacuumReport
 from ..ops import Op, run
-from ..queue._results import BatchResult, ReclaimedJob
+from ..queue import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import HeldConnection, can_hold
 from ._driver import FINAL_WRITE_TIMEOUT, Chore, DriverBase, Interrupted, KeeperPlan

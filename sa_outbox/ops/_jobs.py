@@ -1,9 +1,8 @@
-"""Layer 3: run the query builder's statements and turn rows into typed results.
+"""`JobOps`: the job queue's operations, each a generator over statements.
 
 Each operation is written once, as a generator that yields statements and receives their
-results (the sans-I/O style of psycopg 3); `sa_outbox.ops.run` runs it on a sync
-Connection/Session and `sa_outbox.ops.arun` on an AsyncConnection/AsyncSession. The public
-classes are thin wrappers that give each operation its typed signature. None of them
+results (the sans-I/O style of psycopg 3), and turns rows into typed results; `run` drives
+it on a sync Connection/Session and `arun` on an AsyncConnection/AsyncSession. None of them
 commits: the caller owns the transaction (given an Engine, `JobQueue.enqueue` is one
 autocommit INSERT: ``run(engine, op, autocommit=True)``).
 """
@@ -24,7 +23,6 @@ from .._exceptions import LeaseLost
 from .._json import fast_compact_json
 from .._tracing import current_trace_headers
 from .._validation import count, name_filter
-from ..ops import BoundOp, BoundStep, ClaimParams, Op, Step, SyncConn
 from ..schema import JobStatus, resolve_table
 from ..statements._common import Dumps, id_token_pairs
 from ..statements._job_cancel import job_ids
@@ -37,6 +35,8 @@ from ..statements._job_enqueue import (
 )
 from ..statements._job_unique import refuse_unique_on
 from ._cursor import NOT_RUN, DriverInsert
+from ._drive import BoundOp, BoundStep, Op, Step, SyncConn
+from ._params import ClaimParams
 from ._results import (
     BatchResult,
     CancelResult,
@@ -46,6 +46,8 @@ from ._results import (
     RetriedJobs,
     RetryResult,
 )
+
+__all__ = ["JobOps"]
 
 Pair: TypeAlias = tuple[uuid.UUID, uuid.UUID]
 
@@ -95,17 +97,32 @@ def _payload_options(dumps: Dumps | None, max_payload_bytes: int) -> tuple[Dumps
     return dumps or fast_compact_json, limit
 
 
-class _JobOps:
-    """The job operations, each written once as a generator over statements."""
+class JobOps:
+    """The job queue's operations, each written once as a generator over statements.
+
+    What `sa_outbox.queue.JobQueue`, the worker and its schedule run: each method returns
+    an operation (`run` or `arun` drives it on a connection; none commits). The statements
+    a worker repeats (its claim, its batched completion, the enqueue) are built once.
+
+    Examples:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox import JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> ops = JobOps(Job)
+        >>> claim = ops.claim(ClaimParams(worker_id="w1", batch=10))
+        >>> next(claim) is next(ops.claim(ClaimParams(worker_id="w1", batch=10)))
+        True
+    """
 
     def __init__(
         self,
         model: object,
         *,
-        clock: Clock | None,
-        backoff: Backoff | None,
-        dumps: Dumps | None,
-        max_payload_bytes: int,
+        clock: Clock | None = None,
+        backoff: Backoff | None = None,
+        dumps: Dumps | None = None,
+        max_payload_bytes: int = st.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self.table = resolve_table(model)
         self.has_headers = has_headers(self.table)
