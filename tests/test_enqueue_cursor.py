@@ -1,4 +1,4 @@
-"""The enqueue on psycopg's cursor (`sa_outbox.queue._cursor.DriverInsert`).
+"""The enqueue on psycopg's cursor (`sa_outbox.ops._cursor.DriverInsert`).
 
 `JobQueue.enqueue` and ``sa_outbox.enqueue`` hand their one INSERT to the driver's cursor
 when nothing listens to the engine. These tests hold it to what ``execute`` guarantees: the
