@@ -1,4 +1,4 @@
-"""The enqueue on psycopg's cursor (`sa_outbox.queue._cursor.DriverInsert`).
+"""The enqueue on psycopg's cursor (`sa_outbox.ops._cursor.DriverInsert`).
 
 `JobQueue.enqueue` and ``sa_outbox.enqueue`` hand their one INSERT to the driver's cursor
 when nothing listens to the engine. These tests hold it to what ``execute`` guarantees: the
@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 import sa_outbox
 from sa_outbox import JobQueue
-from sa_outbox.queue._cursor import NOT_RUN, DriverInsert
+from sa_outbox.ops._cursor import NOT_RUN, DriverInsert
 
 from .conftest import TEST_SCHEMA, Job, Order
 

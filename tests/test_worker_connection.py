@@ -26,7 +26,8 @@ from sqlalchemy.engine import make_url
 
 from sa_outbox import Backoff, JobApp, JobContext, JobQueue, NewJob, Worker
 from sa_outbox import statements as st
-from sa_outbox.queue._executors import _JobOps
+from sa_outbox.ops import ClaimParams
+from sa_outbox.ops import JobOps as _JobOps
 from sa_outbox.statements import COMPLETION_IDS, COMPLETION_TOKENS
 from sa_outbox.worker import WorkerMetrics
 from sa_outbox.worker._direct import HeldConnection, driver_statement
@@ -263,13 +264,13 @@ def test_the_driver_path_decodes_claimed_jobs_as_sqlalchemy_does(
     held = HeldConnection(own_engine)
     t = Job.__table__
     try:
-        jobs = held.run(ops.claim({"worker_id": "w1", "batch": 5, "queues": ("default",)}))
+        jobs = held.run(ops.claim(ClaimParams(worker_id="w1", batch=5, queues=("default",))))
         with engine.connect() as conn:  # the claimed row, as SQLAlchemy reads it
             row = conn.execute(select(t).where(t.c.id == jobs[0].id)).one()
         done, more = held.run(
             ops.complete_and_claim(
                 [(j.id, j.lease_token) for j in jobs],
-                {"worker_id": "w1", "batch": 5, "queues": ("default",)},
+                ClaimParams(worker_id="w1", batch=5, queues=("default",)),
             )
         )
         assert held._cursor is not None  # psycopg's cursor ran them, not SQLAlchemy
@@ -379,7 +380,7 @@ async def test_the_async_driver_path_claims_and_completes(
     async_engine = create_async_engine(database_url)
     ops = _JobOps(Job, clock=None, backoff=None, dumps=None, max_payload_bytes=1 << 20)
     held = AsyncHeldConnection(async_engine)
-    options = {"worker_id": "w1", "batch": 5, "queues": ("default",)}
+    options = ClaimParams(worker_id="w1", batch=5, queues=("default",))
     try:
         jobs = await held.run(ops.claim(options))
         done, more = await held.run(
@@ -394,3 +395,36 @@ async def test_the_async_driver_path_claims_and_completes(
     ]
     assert done == {(jobs[0].id, jobs[0].lease_token)} and more == []
     assert jobs_by_status(engine) == {"succeeded": 1}
+
+
+def test_a_worker_the_limits_do_not_touch_completes_and_claims_in_one_statement(
+    engine: Engine, database_url: str
+) -> None:
+    # The app limits "render"; this worker runs "noop" alone, so it writes its completions
+    # and its next claim as one statement, which takes no limits.
+    with engine.begin() as conn:
+        queue = JobQueue(Job)
+        queue.enqueue_many(conn, [NewJob("noop", {"n": i}) for i in range(60)])
+        queue.enqueue_many(conn, [NewJob("render", {}) for _ in range(2)])
+    worker_engine = create_engine(database_url)
+    metrics = StopAfter(60)
+    app = JobApp(Job, handlers={"noop": lambda job: None, "render": lambda job: None})
+    app.limit(kind="render", running=1)
+    worker = Worker(
+        app,
+        worker_engine,
+        kinds=["noop"],
+        concurrency=2,
+        batch=10,
+        listen=False,
+        reclaim=False,
+        vacuum=None,
+        metrics=metrics,
+        install_signal_handlers=False,
+    )
+    try:
+        run_until_done(worker, metrics)
+    finally:
+        worker_engine.dispose()
+    assert metrics.errors == []
+    assert jobs_by_status(engine) == {"succeeded": 60, "pending": 2}

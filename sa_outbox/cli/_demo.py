@@ -37,9 +37,9 @@ from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.schema import CreateSchema, DropSchema
 
 from .._exceptions import InvalidArgument
+from ..queue import ClaimedJob
 from ..queue._job_queue import JobQueue
 from ..queue._outbox import Outbox
-from ..queue._results import ClaimedJob
 from ..schema import JobMixin, JobStatus, OutboxMixin
 from ..statements import NewJob
 

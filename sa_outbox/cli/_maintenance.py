@@ -11,9 +11,10 @@ from sqlalchemy.exc import DBAPIError
 from .._exceptions import SaOutboxError
 from .._human import age as human_age
 from .._human import moment, size
+from ..maintenance import PartitionReport, maintain_partitions
 from ..maintenance._health import HealthReport, TableHealth, table_health
-from ..maintenance._partitions import DEFAULT_AHEAD, PartitionReport, maintain_partitions
 from ..maintenance._retention import Pruner, PruneReport, Retention
+from ..ops import DEFAULT_AHEAD
 from ._common import (
     CommandError,
     _add_command,

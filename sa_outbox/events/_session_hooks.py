@@ -27,8 +27,8 @@ from sqlalchemy.orm import Session, UOWTransaction, scoped_session, sessionmaker
 from .._exceptions import InvalidArgument, InvalidArgumentType, SaOutboxError
 from .._ids import uuid7
 from .._tracing import current_trace_headers
+from ..queue import EnqueueResult
 from ..queue._job_queue import AsyncJobQueue, JobQueue
-from ..queue._results import EnqueueResult
 from ..schema import JobMixin, OutboxMixin, resolve_table
 from ..schema._event_types import (
     added_order,
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from ..queue._executors import AsyncConn
+    from ..ops import AsyncConn
 
 __all__ = ["JOB_MODEL_INFO_KEY", "enqueue", "install"]
 

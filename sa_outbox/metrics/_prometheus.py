@@ -14,8 +14,7 @@ from sqlalchemy import Engine
 
 from .._exceptions import SaOutboxError
 from .._pooler import prepare_for_pooler
-from ..queue import queue_status
-from ..queue._results import ClaimedEvent, ClaimedJob
+from ..queue import ClaimedEvent, ClaimedJob, queue_status
 from ..relay import PublishOutcome, RelayMetrics, RelayReport
 from ..worker import JobOutcome, WorkerMetrics
 

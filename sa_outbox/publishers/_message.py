@@ -31,7 +31,7 @@ from .._wire import (
     HEADER_ID,
     HEADER_SEQ,
 )
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 from ..statements import compact_json
 
 __all__ = ["body_of", "envelope_of", "message_headers"]

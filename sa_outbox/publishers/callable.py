@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 from .._exceptions import InvalidArgumentType
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 from ..relay._core import describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 

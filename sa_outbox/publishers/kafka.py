@@ -42,7 +42,7 @@ from typing import Any
 import confluent_kafka
 
 from .._exceptions import InvalidArgument, InvalidArgumentType
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 from ..relay._core import LOGGER
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ._message import body_of, message_headers

@@ -40,7 +40,7 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from .._exceptions import InvalidArgumentType
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 from ..relay._core import LOGGER, describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ._message import body_of, message_headers

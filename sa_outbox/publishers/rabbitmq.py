@@ -39,7 +39,7 @@ import aiormq.exceptions
 from aio_pika.connection import make_url
 
 from .._exceptions import InvalidArgumentType
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 from ..relay._core import describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ._message import body_of, message_headers

@@ -34,7 +34,7 @@ import redis.asyncio
 import redis.exceptions
 
 from .._exceptions import InvalidArgumentType
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 from ..relay._core import describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ..statements import compact_json

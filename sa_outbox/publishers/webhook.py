@@ -52,7 +52,7 @@ from .._wire import (
     WEBHOOK_SIGNATURE_HEADER,
     sign,
 )
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 from ..relay._core import describe
 from ..relay._publisher import EventsRejected, PublisherUnavailable
 from ..statements import compact_json

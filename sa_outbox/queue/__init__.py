@@ -20,6 +20,18 @@ Examples:
     JobQueue('jobs')
 """
 
+from ..ops._results import (
+    BatchResult,
+    CancelResult,
+    ClaimedEvent,
+    ClaimedJob,
+    EnqueueResult,
+    ParkedEvent,
+    ReclaimedJob,
+    RejectedEvent,
+    RetriedJobs,
+    RetryResult,
+)
 from ._control import AsyncQueueControl, PausedQueue, QueueControl
 from ._inbox import AsyncInbox, Inbox
 from ._inspect import (
@@ -50,18 +62,6 @@ from ._inspect import (
 )
 from ._job_queue import AsyncJobQueue, JobQueue
 from ._outbox import AsyncOutbox, Outbox
-from ._results import (
-    BatchResult,
-    CancelResult,
-    ClaimedEvent,
-    ClaimedJob,
-    EnqueueResult,
-    ParkedEvent,
-    ReclaimedJob,
-    RejectedEvent,
-    RetriedJobs,
-    RetryResult,
-)
 
 __all__ = [
     "AsyncInbox",

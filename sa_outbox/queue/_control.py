@@ -11,11 +11,11 @@ from sqlalchemy import Table
 from .. import statements as st
 from .._clock import Clock
 from .._validation import text
+from ..ops import Op, SyncConn, arun, run
 from ..statements._common import table_of
-from ._executors import Op, SyncConn, _adrive, _drive
 
 if TYPE_CHECKING:
-    from ._executors import AsyncConn
+    from ..ops import AsyncConn
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,7 +97,7 @@ class QueueControl(_Base):
             control.pause(conn, "emails", paused_by="ana")
             # -> True
         """
-        return _drive(conn, self._ops.pause(_queue(queue), paused_by))
+        return run(conn, self._ops.pause(_queue(queue), paused_by))
 
     def resume(self, conn: SyncConn, queue: str) -> bool:
         """Resume ``queue``: True if it was paused (its workers are notified at commit).
@@ -106,7 +106,7 @@ class QueueControl(_Base):
             control.resume(conn, "emails")
             # -> True
         """
-        return _drive(conn, self._ops.resume(_queue(queue)))
+        return run(conn, self._ops.resume(_queue(queue)))
 
     def paused(self, conn: SyncConn) -> list[PausedQueue]:
         """The paused queues, by name.
@@ -115,7 +115,7 @@ class QueueControl(_Base):
             [p.queue for p in control.paused(conn)]
             # -> ['emails']
         """
-        return _drive(conn, self._ops.paused())
+        return run(conn, self._ops.paused())
 
 
 class AsyncQueueControl(_Base):
@@ -133,12 +133,12 @@ class AsyncQueueControl(_Base):
 
     async def pause(self, conn: AsyncConn, queue: str, *, paused_by: str | None = None) -> bool:
         """See `QueueControl.pause`."""
-        return await _adrive(conn, self._ops.pause(_queue(queue), paused_by))
+        return await arun(conn, self._ops.pause(_queue(queue), paused_by))
 
     async def resume(self, conn: AsyncConn, queue: str) -> bool:
         """See `QueueControl.resume`."""
-        return await _adrive(conn, self._ops.resume(_queue(queue)))
+        return await arun(conn, self._ops.resume(_queue(queue)))
 
     async def paused(self, conn: AsyncConn) -> list[PausedQueue]:
         """See `QueueControl.paused`."""
-        return await _adrive(conn, self._ops.paused())
+        return await arun(conn, self._ops.paused())

@@ -52,7 +52,7 @@ from ..statements._job_enqueue import has_headers
 from ..statements._job_headers import job_headers_text
 
 if TYPE_CHECKING:
-    from ._executors import AsyncConn, SyncConn
+    from ..ops import AsyncConn, SyncConn
 
 __all__ = ["CopyPlan", "copy_jobs_async", "copy_jobs_sync", "plan_copy"]
 

@@ -6,15 +6,14 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, Table
 
-from .. import statements as st
 from .._asyncio_ext import is_async_engine
 from .._clock import Clock
 from .._exceptions import InvalidArgumentType
-from ..statements._inbox import checked_message, inbox_table
-from ._executors import Op, SyncConn, _adrive, _drive
+from ..ops import InboxOps, SyncConn, arun, run
+from ..statements._inbox import checked_message
 
 if TYPE_CHECKING:
-    from ._executors import AsyncConn
+    from ..ops import AsyncConn
 
 
 def _in_a_transaction(conn: object) -> None:
@@ -30,19 +29,9 @@ def _in_a_transaction(conn: object) -> None:
         )
 
 
-class _InboxOps:
-    def __init__(self, model: object, clock: Clock | None) -> None:
-        self.table = inbox_table(model)
-        self.clock = clock
-
-    def accept(self, source: str, message_id: str) -> Op[bool]:
-        stmt = st.accept_message(self.table, message_id, source=source, clock=self.clock)
-        return (yield stmt).first() is not None
-
-
 class _Base:
     def __init__(self, model: object, *, clock: Clock | None = None) -> None:
-        self._ops = _InboxOps(model, clock)
+        self._ops = InboxOps(model, clock=clock)
 
     @property
     def table(self) -> Table:
@@ -85,7 +74,7 @@ class Inbox(_Base):
         """
         _in_a_transaction(conn)
         source, message_id = checked_message(message_id, source)
-        return _drive(conn, self._ops.accept(source, message_id))
+        return run(conn, self._ops.accept(source, message_id))
 
 
 class AsyncInbox(_Base):
@@ -110,4 +99,4 @@ class AsyncInbox(_Base):
         """
         _in_a_transaction(conn)
         source, message_id = checked_message(message_id, source)
-        return await _adrive(conn, self._ops.accept(source, message_id))
+        return await arun(conn, self._ops.accept(source, message_id))

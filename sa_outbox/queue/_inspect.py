@@ -29,11 +29,11 @@ from sqlalchemy.exc import IntegrityError
 from .. import statements as st
 from .._clock import Clock
 from .._exceptions import InvalidArgument
+from ..ops._results import RetriedJobs
 from ..schema import JobStatus, resolve_table
 from ..statements._common import as_uuid
 from ._control import PausedQueue
 from ._outbox import Outbox
-from ._results import RetriedJobs
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Table

@@ -14,19 +14,9 @@ from .._asyncio_ext import is_async_engine
 from .._backoff import Backoff
 from .._clock import Clock
 from .._tracing import current_trace_headers
-from ..schema import JobStatus
-from ..statements._common import Dumps
-from ._copy import copy_jobs_async, copy_jobs_sync
-from ._cursor import NOT_RUN
-from ._executors import (
-    SyncConn,
-    _adrive,
-    _adrive_autocommit,
-    _drive,
-    _drive_autocommit,
-    _JobOps,
-)
-from ._results import (
+from ..ops import ClaimParams, JobOps, SyncConn, arun, run
+from ..ops._cursor import NOT_RUN
+from ..ops._results import (
     BatchResult,
     CancelResult,
     ClaimedJob,
@@ -35,11 +25,14 @@ from ._results import (
     RetriedJobs,
     RetryResult,
 )
+from ..schema import JobStatus
+from ..statements._common import Dumps
+from ._copy import copy_jobs_async, copy_jobs_sync
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from ._executors import AsyncConn
+    from ..ops import AsyncConn
 
 Pairs = Sequence[tuple[uuid.UUID, uuid.UUID]]
 _FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
@@ -55,7 +48,7 @@ class _Base:
         dumps: Dumps | None = None,
         max_payload_bytes: int = st.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
-        self._ops = _JobOps(
+        self._ops = JobOps(
             model, clock=clock, backoff=backoff, dumps=dumps, max_payload_bytes=max_payload_bytes
         )
 
@@ -146,8 +139,8 @@ class JobQueue(_Base):
             return cast(EnqueueResult, result)
         op = self._ops.enqueue(values)
         if isinstance(conn, Engine):
-            return _drive_autocommit(conn, op)
-        return _drive(conn, op)
+            return run(conn, op, autocommit=True)
+        return run(conn, op)
 
     def enqueue_many(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
         """Add many jobs in one statement; results come in input order.
@@ -160,7 +153,7 @@ class JobQueue(_Base):
         Examples:
             queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])
         """
-        return _drive(conn, self._ops.enqueue_many(jobs))
+        return run(conn, self._ops.enqueue_many(jobs))
 
     def enqueue_copy(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> int:
         """Add many jobs with PostgreSQL's ``COPY``, the fastest path; returns how many.
@@ -208,16 +201,15 @@ class JobQueue(_Base):
         Examples:
             jobs = queue.claim(conn, worker_id="w1", batch=20)
         """
-        options = {
-            "worker_id": worker_id,
-            "batch": batch,
-            "lease": lease,
-            "queues": queues,
-            "kinds": kinds,
-        }
-        if limits is not None:
-            options["limits"] = limits
-        return _drive(conn, self._ops.claim(options))
+        params = ClaimParams(
+            worker_id=worker_id,
+            batch=batch,
+            lease=lease,
+            queues=queues,
+            kinds=kinds,
+            limits=limits,
+        )
+        return run(conn, self._ops.claim(params))
 
     def heartbeat(
         self,
@@ -234,7 +226,7 @@ class JobQueue(_Base):
             queue.heartbeat(conn, job.id, job.lease_token, lease=30)
         """
         options = {"lease": lease, "worker_id": worker_id}
-        return _drive(conn, self._ops.heartbeat(job_id, token, options))
+        return run(conn, self._ops.heartbeat(job_id, token, options))
 
     def heartbeat_many(
         self, conn: SyncConn, pairs: Pairs, *, lease: dt.timedelta | float = st.DEFAULT_LEASE
@@ -244,7 +236,7 @@ class JobQueue(_Base):
         Examples:
             queue.heartbeat_many(conn, [(j.id, j.lease_token) for j in jobs])
         """
-        return _drive(conn, self._ops.heartbeat_many(pairs, lease))
+        return run(conn, self._ops.heartbeat_many(pairs, lease))
 
     def complete(self, conn: SyncConn, job_id: uuid.UUID, token: uuid.UUID) -> None:
         """Mark one job ``succeeded``, or raise `LeaseLost`.
@@ -252,7 +244,7 @@ class JobQueue(_Base):
         Examples:
             queue.complete(conn, job.id, job.lease_token)
         """
-        _drive(conn, self._ops.complete(job_id, token))
+        run(conn, self._ops.complete(job_id, token))
 
     def complete_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
         """Mark many jobs ``succeeded`` in one statement; ``lost`` lists those not held.
@@ -260,7 +252,7 @@ class JobQueue(_Base):
         Examples:
             queue.complete_many(conn, [(j.id, j.lease_token) for j in jobs])
         """
-        return _drive(conn, self._ops.complete_many(pairs))
+        return run(conn, self._ops.complete_many(pairs))
 
     def retry(
         self,
@@ -277,7 +269,7 @@ class JobQueue(_Base):
             queue.retry(conn, job.id, job.lease_token, error="timeout").status
             # -> <JobStatus.PENDING: 'pending'>
         """
-        return _drive(conn, self._ops.retry(job_id, token, error, delay))
+        return run(conn, self._ops.retry(job_id, token, error, delay))
 
     def fail(
         self, conn: SyncConn, job_id: uuid.UUID, token: uuid.UUID, *, error: str | None = None
@@ -287,7 +279,7 @@ class JobQueue(_Base):
         Examples:
             queue.fail(conn, job.id, job.lease_token, error="bad payload")
         """
-        _drive(conn, self._ops.fail(job_id, token, error))
+        run(conn, self._ops.fail(job_id, token, error))
 
     def release_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
         """Give claimed jobs back to ``pending`` without counting the attempt; fenced.
@@ -299,7 +291,7 @@ class JobQueue(_Base):
         Examples:
             queue.release_many(conn, [(j.id, j.lease_token) for j in unstarted])
         """
-        return _drive(conn, self._ops.release_many(pairs))
+        return run(conn, self._ops.release_many(pairs))
 
     def notify_channel(self, conn: SyncConn) -> str | None:
         """The channel the table's NOTIFY trigger sends on (``None`` if the table is absent).
@@ -308,7 +300,7 @@ class JobQueue(_Base):
             queue.notify_channel(conn)
             # -> 'public.jobs'
         """
-        return _drive(conn, self._ops.notify_channel())
+        return run(conn, self._ops.notify_channel())
 
     def reclaim_expired(self, conn: SyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
         """Return up to ``limit`` expired leases to ``pending`` (with backoff) or ``failed``.
@@ -317,7 +309,7 @@ class JobQueue(_Base):
             queue.reclaim_expired(conn)
             # -> []
         """
-        return _drive(conn, self._ops.reclaim(limit))
+        return run(conn, self._ops.reclaim(limit))
 
     def requeue_failed(
         self,
@@ -337,7 +329,7 @@ class JobQueue(_Base):
             queue.requeue_failed(conn, kinds="send-email")
         """
         options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
-        return _drive(conn, self._ops.requeue_failed(options))
+        return run(conn, self._ops.requeue_failed(options))
 
     def cancel(
         self, conn: SyncConn, ids: Iterable[uuid.UUID | str] | uuid.UUID | str
@@ -356,7 +348,7 @@ class JobQueue(_Base):
                 result = queue.cancel(conn, [job_id])
             result.cancelled, result.cancelling, result.finished, result.unknown
         """
-        return _drive(conn, self._ops.cancel(ids))
+        return run(conn, self._ops.cancel(ids))
 
     def prune(
         self,
@@ -373,7 +365,7 @@ class JobQueue(_Base):
             # -> 0
         """
         options = {"older_than": older_than, "statuses": statuses, "batch": batch}
-        return _drive(conn, self._ops.prune(options))
+        return run(conn, self._ops.prune(options))
 
     def counts(self, conn: SyncConn) -> dict[JobStatus, int]:
         """How many jobs are in each status (every status present, zero included).
@@ -382,7 +374,7 @@ class JobQueue(_Base):
             queue.counts(conn)[JobStatus.PENDING]
             # -> 0
         """
-        return _drive(conn, self._ops.counts())
+        return run(conn, self._ops.counts())
 
 
 class AsyncJobQueue(_Base):
@@ -428,12 +420,12 @@ class AsyncJobQueue(_Base):
         }
         op = self._ops.enqueue(self._ops.enqueue_values(kind, payload, options))
         if is_async_engine(conn):
-            return await _adrive_autocommit(conn, op)
-        return await _adrive(cast("AsyncConn", conn), op)
+            return await arun(conn, op, autocommit=True)
+        return await arun(cast("AsyncConn", conn), op)
 
     async def enqueue_many(self, conn: AsyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
         """See `JobQueue.enqueue_many`."""
-        return await _adrive(conn, self._ops.enqueue_many(jobs))
+        return await arun(conn, self._ops.enqueue_many(jobs))
 
     async def enqueue_copy(self, conn: AsyncConn, jobs: Iterable[st.NewJob]) -> int:
         """See `JobQueue.enqueue_copy`."""
@@ -460,16 +452,15 @@ class AsyncJobQueue(_Base):
         limits: st.ClaimLimits | None = None,
     ) -> list[ClaimedJob]:
         """See `JobQueue.claim`."""
-        options = {
-            "worker_id": worker_id,
-            "batch": batch,
-            "lease": lease,
-            "queues": queues,
-            "kinds": kinds,
-        }
-        if limits is not None:
-            options["limits"] = limits
-        return await _adrive(conn, self._ops.claim(options))
+        params = ClaimParams(
+            worker_id=worker_id,
+            batch=batch,
+            lease=lease,
+            queues=queues,
+            kinds=kinds,
+            limits=limits,
+        )
+        return await arun(conn, self._ops.claim(params))
 
     async def heartbeat(
         self,
@@ -482,21 +473,21 @@ class AsyncJobQueue(_Base):
     ) -> dt.datetime:
         """See `JobQueue.heartbeat`."""
         options = {"lease": lease, "worker_id": worker_id}
-        return await _adrive(conn, self._ops.heartbeat(job_id, token, options))
+        return await arun(conn, self._ops.heartbeat(job_id, token, options))
 
     async def heartbeat_many(
         self, conn: AsyncConn, pairs: Pairs, *, lease: dt.timedelta | float = st.DEFAULT_LEASE
     ) -> BatchResult:
         """See `JobQueue.heartbeat_many`."""
-        return await _adrive(conn, self._ops.heartbeat_many(pairs, lease))
+        return await arun(conn, self._ops.heartbeat_many(pairs, lease))
 
     async def complete(self, conn: AsyncConn, job_id: uuid.UUID, token: uuid.UUID) -> None:
         """See `JobQueue.complete`."""
-        await _adrive(conn, self._ops.complete(job_id, token))
+        await arun(conn, self._ops.complete(job_id, token))
 
     async def complete_many(self, conn: AsyncConn, pairs: Pairs) -> BatchResult:
         """See `JobQueue.complete_many`."""
-        return await _adrive(conn, self._ops.complete_many(pairs))
+        return await arun(conn, self._ops.complete_many(pairs))
 
     async def retry(
         self,
@@ -508,25 +499,25 @@ class AsyncJobQueue(_Base):
         delay: dt.timedelta | float | None = None,
     ) -> RetryResult:
         """See `JobQueue.retry`."""
-        return await _adrive(conn, self._ops.retry(job_id, token, error, delay))
+        return await arun(conn, self._ops.retry(job_id, token, error, delay))
 
     async def fail(
         self, conn: AsyncConn, job_id: uuid.UUID, token: uuid.UUID, *, error: str | None = None
     ) -> None:
         """See `JobQueue.fail`."""
-        await _adrive(conn, self._ops.fail(job_id, token, error))
+        await arun(conn, self._ops.fail(job_id, token, error))
 
     async def release_many(self, conn: AsyncConn, pairs: Pairs) -> BatchResult:
         """See `JobQueue.release_many`."""
-        return await _adrive(conn, self._ops.release_many(pairs))
+        return await arun(conn, self._ops.release_many(pairs))
 
     async def notify_channel(self, conn: AsyncConn) -> str | None:
         """See `JobQueue.notify_channel`."""
-        return await _adrive(conn, self._ops.notify_channel())
+        return await arun(conn, self._ops.notify_channel())
 
     async def reclaim_expired(self, conn: AsyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
         """See `JobQueue.reclaim_expired`."""
-        return await _adrive(conn, self._ops.reclaim(limit))
+        return await arun(conn, self._ops.reclaim(limit))
 
     async def requeue_failed(
         self,
@@ -539,13 +530,13 @@ class AsyncJobQueue(_Base):
     ) -> RetriedJobs:
         """See `JobQueue.requeue_failed`."""
         options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
-        return await _adrive(conn, self._ops.requeue_failed(options))
+        return await arun(conn, self._ops.requeue_failed(options))
 
     async def cancel(
         self, conn: AsyncConn, ids: Iterable[uuid.UUID | str] | uuid.UUID | str
     ) -> CancelResult:
         """See `JobQueue.cancel`."""
-        return await _adrive(conn, self._ops.cancel(ids))
+        return await arun(conn, self._ops.cancel(ids))
 
     async def prune(
         self,
@@ -557,8 +548,8 @@ class AsyncJobQueue(_Base):
     ) -> int:
         """See `JobQueue.prune`."""
         options = {"older_than": older_than, "statuses": statuses, "batch": batch}
-        return await _adrive(conn, self._ops.prune(options))
+        return await arun(conn, self._ops.prune(options))
 
     async def counts(self, conn: AsyncConn) -> dict[JobStatus, int]:
         """See `JobQueue.counts`."""
-        return await _adrive(conn, self._ops.counts())
+        return await arun(conn, self._ops.counts())

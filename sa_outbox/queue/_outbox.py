@@ -12,120 +12,14 @@ from sqlalchemy import Table
 from .. import statements as st
 from .._backoff import Backoff
 from .._clock import Clock
-from .._exceptions import LeaseLost
-from .._tracing import current_trace_headers
-from ..schema import resolve_table
+from ..ops import OutboxOps, SyncConn, arun, run
+from ..ops._results import BatchResult, ClaimedEvent, ParkedEvent, RejectedEvent
 from ..statements._common import Dumps
-from ._executors import Op, SyncConn, _adrive, _batch, _drive, _payload_options
-from ._results import BatchResult, ClaimedEvent, ParkedEvent, RejectedEvent
 
 if TYPE_CHECKING:
-    from ._executors import AsyncConn
+    from ..ops import AsyncConn
 
 Pairs = Sequence[tuple[uuid.UUID, uuid.UUID]]
-
-
-class _OutboxOps:
-    """The outbox operations, each written once as a generator over statements."""
-
-    def __init__(
-        self,
-        model: object,
-        *,
-        clock: Clock | None,
-        dumps: Dumps | None,
-        max_payload_bytes: int,
-        backoff: Backoff | None = None,
-    ) -> None:
-        self.table = resolve_table(model)
-        self.clock = clock
-        self.backoff = backoff or st.DEFAULT_RELAY_BACKOFF
-        self.dumps, self.max_payload_bytes = _payload_options(dumps, max_payload_bytes)
-
-    def append(self, options: dict[str, Any]) -> Op[uuid.UUID]:
-        trace = current_trace_headers()
-        headers = options["headers"]
-        if trace is not None and (headers is None or isinstance(headers, Mapping)):
-            # The current trace context joins the event's headers, under its own.
-            options = {**options, "headers": {**trace, **(headers or {})}}
-        stmt = st.append_event(
-            self.table,
-            clock=self.clock,
-            dumps=self.dumps,
-            max_payload_bytes=self.max_payload_bytes,
-            **options,
-        )
-        return (yield stmt).one()[0]  # type: ignore[no-any-return]
-
-    def claim(
-        self, batch: int, lease: dt.timedelta | float, per_aggregate: int | None = None
-    ) -> Op[list[ClaimedEvent]]:
-        # Candidates first (cheap, lock-free reads), then the claim, which checks each again.
-        window = st.select_claim_candidates(self.table, batch=batch, clock=self.clock)
-        candidates = list((yield window).scalars())
-        if len(candidates) < batch:  # heads are sparse near the front: look past the window
-            beyond = st.select_aggregate_heads(
-                self.table,
-                after_seq=max(candidates, default=0),
-                limit=batch - len(candidates),
-                clock=self.clock,
-            )
-            candidates += (yield beyond).scalars()
-        if not candidates:
-            return []
-        stmt = st.claim_events(
-            self.table,
-            batch=batch,
-            lease=lease,
-            per_aggregate=per_aggregate,
-            candidates=candidates,
-            clock=self.clock,
-        )
-        events = [ClaimedEvent(**row._asdict()) for row in (yield stmt)]
-        events.sort(key=lambda e: e.seq)
-        return events
-
-    def reject_many(
-        self, failures: Sequence[tuple[uuid.UUID, uuid.UUID, str]], max_attempts: int
-    ) -> Op[list[RejectedEvent]]:
-        stmt = st.reject_events(
-            self.table, failures, max_attempts=max_attempts, backoff=self.backoff, clock=self.clock
-        )
-        return [
-            RejectedEvent(row[0], parked=row[2] is not None, attempts=row[3], relay_until=row[4])
-            for row in (yield stmt)
-        ]
-
-    def release_many(self, pairs: Pairs, error: str | None, attempted: bool) -> Op[BatchResult]:
-        stmt = st.release_events(
-            self.table, pairs, error=error, attempted=attempted, clock=self.clock
-        )
-        return _batch(pairs, (yield stmt))
-
-    def requeue_parked(self, ids: Sequence[object] | None) -> Op[list[uuid.UUID]]:
-        requeued = [row[0] for row in (yield st.requeue_parked_events(self.table, ids=ids))]
-        if requeued:  # claimable again: wake the relays that listen
-            yield st.notify_relays(self.table)
-        return requeued
-
-    def parked(self) -> Op[list[ParkedEvent]]:
-        return [ParkedEvent(**row._asdict()) for row in (yield st.select_parked_events(self.table))]
-
-    def notify_channel(self) -> Op[str | None]:
-        return (yield st.outbox_notify_channel_of(self.table)).scalar()  # type: ignore[no-any-return]
-
-    def mark_published(self, event_id: uuid.UUID, token: uuid.UUID) -> Op[None]:
-        stmt = st.mark_event_published(self.table, event_id, token, clock=self.clock)
-        if (yield stmt).first() is None:
-            raise LeaseLost("outbox event", event_id, token, action="mark published")
-
-    def mark_published_many(self, pairs: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> Op[BatchResult]:
-        stmt = st.mark_events_published(self.table, pairs, clock=self.clock)
-        return _batch(pairs, (yield stmt))
-
-    def prune(self, older_than: dt.timedelta | float, batch: int) -> Op[int]:
-        stmt = st.prune_events(self.table, older_than=older_than, batch=batch, clock=self.clock)
-        return (yield stmt).rowcount  # type: ignore[no-any-return]
 
 
 def _event_options(
@@ -154,7 +48,7 @@ class _Base:
         max_payload_bytes: int = st.DEFAULT_MAX_PAYLOAD_BYTES,
         backoff: Backoff | None = None,
     ) -> None:
-        self._ops = _OutboxOps(
+        self._ops = OutboxOps(
             model, clock=clock, dumps=dumps, max_payload_bytes=max_payload_bytes, backoff=backoff
         )
 
@@ -205,7 +99,7 @@ class Outbox(_Base):
             )
         """
         options = _event_options(event_type, aggregate_type, aggregate_id, payload, headers)
-        return _drive(conn, self._ops.append(options))
+        return run(conn, self._ops.append(options))
 
     def claim(
         self,
@@ -224,7 +118,7 @@ class Outbox(_Base):
         Examples:
             events = outbox.claim(conn, batch=100)
         """
-        return _drive(conn, self._ops.claim(batch, lease, per_aggregate))
+        return run(conn, self._ops.claim(batch, lease, per_aggregate))
 
     def mark_published(self, conn: SyncConn, event_id: uuid.UUID, token: uuid.UUID) -> None:
         """Mark one event published after the broker took it, or raise `LeaseLost`.
@@ -232,7 +126,7 @@ class Outbox(_Base):
         Examples:
             outbox.mark_published(conn, event.id, event.relay_token)
         """
-        _drive(conn, self._ops.mark_published(event_id, token))
+        run(conn, self._ops.mark_published(event_id, token))
 
     def mark_published_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
         """Mark many events published in one statement.
@@ -241,7 +135,7 @@ class Outbox(_Base):
             pairs = [(e.id, e.relay_token) for e in events]
             outbox.mark_published_many(conn, pairs)
         """
-        return _drive(conn, self._ops.mark_published_many(pairs))
+        return run(conn, self._ops.mark_published_many(pairs))
 
     def prune(self, conn: SyncConn, *, older_than: dt.timedelta | float, batch: int = 1000) -> int:
         """Delete one batch of events published more than ``older_than`` ago.
@@ -250,7 +144,7 @@ class Outbox(_Base):
             outbox.prune(conn, older_than=dt.timedelta(days=7))
             # -> 0
         """
-        return _drive(conn, self._ops.prune(older_than, batch))
+        return run(conn, self._ops.prune(older_than, batch))
 
     def reject_many(
         self,
@@ -269,7 +163,7 @@ class Outbox(_Base):
                 conn, [(event.id, event.relay_token, "message too large")], max_attempts=10
             )
         """
-        return _drive(conn, self._ops.reject_many(failures, max_attempts))
+        return run(conn, self._ops.reject_many(failures, max_attempts))
 
     def release_many(
         self, conn: SyncConn, pairs: Pairs, *, error: str | None = None, attempted: bool = False
@@ -283,7 +177,7 @@ class Outbox(_Base):
             outbox.release_many(conn, [(e.id, e.relay_token) for e in events],
                                 error="connection refused")
         """
-        return _drive(conn, self._ops.release_many(pairs, error, attempted))
+        return run(conn, self._ops.release_many(pairs, error, attempted))
 
     def requeue_parked(
         self, conn: SyncConn, *, ids: Sequence[object] | None = None
@@ -293,7 +187,7 @@ class Outbox(_Base):
         Examples:
             outbox.requeue_parked(conn, ids=[parked.id])
         """
-        return _drive(conn, self._ops.requeue_parked(ids))
+        return run(conn, self._ops.requeue_parked(ids))
 
     def parked(self, conn: SyncConn) -> list[ParkedEvent]:
         """The parked events, oldest first, each with its ``last_error``.
@@ -302,7 +196,7 @@ class Outbox(_Base):
             for event in outbox.parked(conn):
                 print(event.event_type, event.aggregate_id, event.last_error)
         """
-        return _drive(conn, self._ops.parked())
+        return run(conn, self._ops.parked())
 
 
 class AsyncOutbox(_Base):
@@ -326,7 +220,7 @@ class AsyncOutbox(_Base):
     ) -> uuid.UUID:
         """See `Outbox.append`."""
         options = _event_options(event_type, aggregate_type, aggregate_id, payload, headers)
-        return await _adrive(conn, self._ops.append(options))
+        return await arun(conn, self._ops.append(options))
 
     async def claim(
         self,
@@ -337,21 +231,21 @@ class AsyncOutbox(_Base):
         per_aggregate: int | None = None,
     ) -> list[ClaimedEvent]:
         """See `Outbox.claim`."""
-        return await _adrive(conn, self._ops.claim(batch, lease, per_aggregate))
+        return await arun(conn, self._ops.claim(batch, lease, per_aggregate))
 
     async def mark_published(self, conn: AsyncConn, event_id: uuid.UUID, token: uuid.UUID) -> None:
         """See `Outbox.mark_published`."""
-        await _adrive(conn, self._ops.mark_published(event_id, token))
+        await arun(conn, self._ops.mark_published(event_id, token))
 
     async def mark_published_many(self, conn: AsyncConn, pairs: Pairs) -> BatchResult:
         """See `Outbox.mark_published_many`."""
-        return await _adrive(conn, self._ops.mark_published_many(pairs))
+        return await arun(conn, self._ops.mark_published_many(pairs))
 
     async def prune(
         self, conn: AsyncConn, *, older_than: dt.timedelta | float, batch: int = 1000
     ) -> int:
         """See `Outbox.prune`."""
-        return await _adrive(conn, self._ops.prune(older_than, batch))
+        return await arun(conn, self._ops.prune(older_than, batch))
 
     async def reject_many(
         self,
@@ -361,20 +255,20 @@ class AsyncOutbox(_Base):
         max_attempts: int,
     ) -> list[RejectedEvent]:
         """See `Outbox.reject_many`."""
-        return await _adrive(conn, self._ops.reject_many(failures, max_attempts))
+        return await arun(conn, self._ops.reject_many(failures, max_attempts))
 
     async def release_many(
         self, conn: AsyncConn, pairs: Pairs, *, error: str | None = None, attempted: bool = False
     ) -> BatchResult:
         """See `Outbox.release_many`."""
-        return await _adrive(conn, self._ops.release_many(pairs, error, attempted))
+        return await arun(conn, self._ops.release_many(pairs, error, attempted))
 
     async def requeue_parked(
         self, conn: AsyncConn, *, ids: Sequence[object] | None = None
     ) -> list[uuid.UUID]:
         """See `Outbox.requeue_parked`."""
-        return await _adrive(conn, self._ops.requeue_parked(ids))
+        return await arun(conn, self._ops.requeue_parked(ids))
 
     async def parked(self, conn: AsyncConn) -> list[ParkedEvent]:
         """See `Outbox.parked`."""
-        return await _adrive(conn, self._ops.parked())
+        return await arun(conn, self._ops.parked())

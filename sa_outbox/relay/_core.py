@@ -20,9 +20,8 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from .._exceptions import InvalidArgumentType
 from .._pooler import note_prepared_statement_error
 from .._validation import storable_text
-from ..queue._executors import Op
-from ..queue._outbox import _OutboxOps
-from ..queue._results import ClaimedEvent
+from ..ops import Op, OutboxOps
+from ..queue import ClaimedEvent
 from ._config import RelaySettings
 from ._plan import BatchPlan, RelayReport
 from ._publisher import EventsRejected, Publisher, PublisherUnavailable, reset_publisher
@@ -211,7 +210,7 @@ def settle(
     return []
 
 
-def finish(ops: _OutboxOps, plan: BatchPlan, relay: str, max_attempts: int) -> Op[RelayReport]:
+def finish(ops: OutboxOps, plan: BatchPlan, relay: str, max_attempts: int) -> Op[RelayReport]:
     """The writes that end a cycle, in one transaction; returns the cycle's report.
 
     Only a rejection counts against ``max_attempts``: the events tried while the broker was

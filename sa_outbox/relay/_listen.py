@@ -25,8 +25,7 @@ from sqlalchemy import URL, Engine, text
 
 from .._connect_args import listen_connect_args
 from .._pooler import PROBE_NOTIFY_SQL, NotifyProbe, athrough_pooler, through_pooler
-from ..queue._executors import _adrive, _drive
-from ..queue._outbox import _OutboxOps
+from ..ops import OutboxOps, arun, run
 from ._core import LOGGER
 
 if TYPE_CHECKING:
@@ -111,14 +110,14 @@ class SyncListener:
 
     @classmethod
     def open(
-        cls, engine: Engine, ops: _OutboxOps, listen_url: URL | None = None
+        cls, engine: Engine, ops: OutboxOps, listen_url: URL | None = None
     ) -> SyncListener | None:
         try:
             import psycopg
         except ImportError:  # pragma: no cover - psycopg is a dependency
             return None
         with engine.connect() as conn:
-            channel = _drive(conn, ops.notify_channel())
+            channel = run(conn, ops.notify_channel())
         if channel is None:
             LOGGER.warning("outbox table %s not found: polling", ops.table.fullname)
             return None
@@ -189,14 +188,14 @@ class AsyncListener:
 
     @classmethod
     async def open(
-        cls, engine: AsyncEngine, ops: _OutboxOps, listen_url: URL | None = None
+        cls, engine: AsyncEngine, ops: OutboxOps, listen_url: URL | None = None
     ) -> AsyncListener | None:
         try:
             import psycopg
         except ImportError:  # pragma: no cover - psycopg is a dependency
             return None
         async with engine.connect() as conn:
-            channel = await _adrive(conn, ops.notify_channel())
+            channel = await arun(conn, ops.notify_channel())
         if channel is None:
             LOGGER.warning("outbox table %s not found: polling", ops.table.fullname)
             return None

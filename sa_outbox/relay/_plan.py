@@ -30,7 +30,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 
 __all__ = ["BatchPlan", "RelayReport"]
 

@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from .._exceptions import SaOutboxError
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 
 __all__ = [
     "EventsRejected",

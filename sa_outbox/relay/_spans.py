@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 
 from .._tracing import AVAILABLE, TRACEPARENT, TraceSpan, start_span, without_trace_fields
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 from ._publisher import EventsRejected
 
 __all__ = ["end_publish_spans", "event_attributes", "traced_wave"]

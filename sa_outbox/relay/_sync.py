@@ -24,9 +24,9 @@ from .._connect_args import harden
 from .._exceptions import InvalidArgumentType
 from .._pooler import prepare_for_pooler
 from ..maintenance._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, VacuumReport
-from ..queue._executors import _drive
-from ..queue._outbox import _OutboxOps
-from ..queue._results import ClaimedEvent
+from ..ops import OutboxOps as _OutboxOps
+from ..ops import run as _drive
+from ..queue import ClaimedEvent
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
 from ._core import (

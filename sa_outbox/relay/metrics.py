@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from ..queue._results import ClaimedEvent
+from ..queue import ClaimedEvent
 from ._plan import BatchPlan, RelayReport
 from ._publisher import EventsRejected, PublisherUnavailable
 

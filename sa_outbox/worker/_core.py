@@ -23,11 +23,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqlalchemy import Table
+
 from .. import statements as st
 from .._exceptions import InvalidArgument, InvalidArgumentType, LeaseLost
 from .._tracing import trace_id_of
-from ..queue._executors import Op, _JobOps
-from ..queue._results import BatchResult, ClaimedJob
+from ..ops import ClaimParams, JobOps, Op
+from ..queue import BatchResult, ClaimedJob
 from ..schema import JobStatus
 from ._settings import PREFETCH_BATCHES, PREFETCH_HORIZON, Settings, error_text, log
 from .context import CancelReason, JobContext
@@ -109,7 +111,7 @@ class Core:
     def __init__(
         self,
         app: JobApp,
-        ops: _JobOps,
+        ops: JobOps,
         settings: Settings,
         metrics: WorkerMetrics | None,
         timer: Callable[[], float],
@@ -132,20 +134,33 @@ class Core:
         self.backlog = False
         self.next_poll = timer()
         self.stopping = False
-        self.claim_options: dict[str, Any] = {
-            "worker_id": settings.worker_id,
-            "lease": settings.lease,
-            "queues": settings.queues,
-            "kinds": settings.kinds,
-        }
-        self._wanted_queues = None if settings.queues is None else frozenset(settings.queues)
         limits = app.limits
+        #: What this worker's claims ask for (the batch aside: `claim_params_for`).
+        self.claim_params = ClaimParams(
+            worker_id=settings.worker_id,
+            lease=settings.lease,
+            queues=settings.queues,
+            kinds=settings.kinds,
+            limits=limits,
+        )
+        self._claim_params: dict[int, ClaimParams] = {}
+        self._wanted_queues = None if settings.queues is None else frozenset(settings.queues)
         #: Whether this worker's claims touch a limited kind or queue (`JobApp.limit`).
         self.limited = limits is not None and (
             limits.applying(settings.queues, settings.kinds) is not None
         )
-        if limits is not None:
-            self.claim_options["limits"] = limits
+
+    def skip_paused(self, pauses: Table) -> None:
+        """Claim around the queues paused in ``pauses`` (a `QueuePauseMixin` table)."""
+        self.claim_params = dataclasses.replace(self.claim_params, paused=pauses)
+        self._claim_params.clear()
+
+    def claim_params_for(self, batch: int) -> ClaimParams:
+        """`claim_params` for a claim of up to ``batch`` jobs (made once per batch size)."""
+        params = self._claim_params.get(batch)
+        if params is None:
+            params = self._claim_params[batch] = self.claim_params.with_batch(batch)
+        return params
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -464,7 +479,7 @@ class Core:
         outcomes: list[tuple[Result, JobOutcome]] = []
         if results and claim and self.one_statement(results, claim):
             done, taken = yield from ops.complete_and_claim(
-                [r.entry.pair for r in results], {**self.claim_options, "batch": claim}
+                [r.entry.pair for r in results], self.claim_params_for(claim)
             )
             succeeded, lost = JobOutcome.SUCCEEDED, JobOutcome.LOST
             outcomes = [(r, succeeded if r.entry.pair in done else lost) for r in results]
@@ -512,7 +527,7 @@ class Core:
         outcomes = yield from self._cancelled_or_lost(outcomes)
         claimed: list[ClaimedJob] = []
         if claim:
-            claimed = yield from ops.claim({**self.claim_options, "batch": claim})
+            claimed = yield from ops.claim(self.claim_params_for(claim))
         return Written(outcomes, claimed)
 
     def _cancelled_or_lost(

@@ -28,7 +28,7 @@ from sqlalchemy import ARRAY, Connection, Engine, Executable, Uuid
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.sql import ClauseElement
 
-from ..queue._executors import Op, Step
+from ..ops import AsyncHeldSteps, HeldSteps, Op, Step, arun, run
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -220,7 +220,7 @@ def _split(step: Step) -> tuple[Executable, dict[str, Any] | None]:
     return step if isinstance(step, tuple) else (step, None)
 
 
-class HeldConnection:
+class HeldConnection(HeldSteps):
     """The sync loop's autocommit connection, kept between batches (see the module doc).
 
     Examples:
@@ -239,23 +239,24 @@ class HeldConnection:
         """Drive ``op`` on the held connection (connecting first if needed). If it fails,
         the connection is invalidated and dropped, and the error raised."""
         try:
-            step = next(op)
-            conn = self._conn
-            if conn is None:
-                conn = self._conn = self._engine.connect()
-                # On the connection, not with engine.execution_options(): an engine of options
-                # sets the level with an event listener, and with listeners SQLAlchemy runs
-                # the statements (`_has_events`). The pool resets the level on return.
-                conn.execution_options(isolation_level="AUTOCOMMIT")
-            while True:
-                step = op.send(self._execute(conn, step))
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            return run(self, op)
         except BaseException:
             self.discard()
             raise
 
-    def _execute(self, conn: Connection, step: Step) -> Any:
+    def _connect(self) -> Connection:
+        conn = self._conn = self._engine.connect()
+        # On the connection, not with engine.execution_options(): an engine of options sets
+        # the level with an event listener, and with listeners SQLAlchemy runs the
+        # statements (`_has_events`). The pool resets the level on return.
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        return conn
+
+    def execute_step(self, step: Step) -> Any:
+        """Run one statement on the held connection (see the module doc)."""
+        conn = self._conn
+        if conn is None:
+            conn = self._connect()
         stmt, values = _split(step)
         direct = None if _has_events(conn) else self._statements.get(stmt, conn.dialect)
         if direct is None:
@@ -286,7 +287,7 @@ class HeldConnection:
             conn.close()
 
 
-class AsyncHeldConnection:
+class AsyncHeldConnection(AsyncHeldSteps):
     """`HeldConnection` for asyncio: the `AsyncWorker` loop's autocommit connection.
 
     Examples:
@@ -304,20 +305,17 @@ class AsyncHeldConnection:
     async def run(self, op: Op[T]) -> T:
         """See `HeldConnection.run`."""
         try:
-            step = next(op)
-            conn = self._conn
-            if conn is None:
-                conn = self._conn = await self._engine.connect()
-                await conn.execution_options(isolation_level="AUTOCOMMIT")  # see HeldConnection
-            while True:
-                step = op.send(await self._execute(conn, step))
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            return await arun(self, op)
         except BaseException:
             await self.discard()
             raise
 
-    async def _execute(self, conn: AsyncConnection, step: Step) -> Any:
+    async def execute_step(self, step: Step) -> Any:
+        """See `HeldConnection.execute_step`."""
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = await self._engine.connect()
+            await conn.execution_options(isolation_level="AUTOCOMMIT")  # see HeldConnection
         stmt, values = _split(step)
         sync = conn.sync_connection
         direct = (

@@ -25,7 +25,7 @@ from .._pooler import note_prepared_statement_error, prepare_for_pooler
 from .._sqlstate import is_configuration_error
 from ..maintenance._retention import PruneReport, Retention
 from ..maintenance._vacuum import DEFAULT_VACUUM, VacuumPolicy, VacuumReport
-from ..queue._executors import _JobOps
+from ..ops import JobOps
 from ..schema import resolve_table
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result
@@ -221,7 +221,7 @@ class DriverBase(abc.ABC, Generic[E]):
                     "@app.handler(kind) first, or name kinds=ALL_KINDS to fail every job"
                 )
             self.settings = dataclasses.replace(self.settings, kinds=tuple(sorted(app.kinds)))
-        ops = _JobOps(
+        ops = JobOps(
             app.model,
             clock=clock,
             backoff=app.backoff,
@@ -233,7 +233,7 @@ class DriverBase(abc.ABC, Generic[E]):
         if pauses is not None:
             # The claim itself skips the paused queues (see QueueControl), whatever the worker
             # last heard: a pause needs no message to reach every worker.
-            self.core.claim_options["paused"] = resolve_table(pauses)
+            self.core.skip_paused(resolve_table(pauses))
         self.install_signal_handlers = install_signal_handlers
         self._stop_requested = False
         self._give_up_at: float | None = None

@@ -18,7 +18,7 @@ Examples:
 from __future__ import annotations
 
 from .._tracing import AVAILABLE, TRACEPARENT, TraceSpan, start_span
-from ..queue._results import ClaimedJob
+from ..queue import ClaimedJob
 from .errors import JobCancelled, Snooze
 
 __all__ = ["end_job_span", "job_attributes", "job_span"]

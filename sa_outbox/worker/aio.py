@@ -32,8 +32,8 @@ from .._pooler import PROBE_NOTIFY_SQL
 from .._sqlstate import is_bad_data
 from ..maintenance._retention import AsyncPruner, PruneReport, Retention
 from ..maintenance._vacuum import AsyncVacuumer, VacuumPolicy, VacuumReport
-from ..queue._executors import Op, _adrive
-from ..queue._results import BatchResult, ReclaimedJob
+from ..ops import Op, arun
+from ..queue import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import AsyncHeldConnection, can_hold
 from ._driver import FINAL_WRITE_TIMEOUT, Chore, DriverBase, KeeperPlan
@@ -303,7 +303,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 return await self._held.run(op())
             await self._held.release()  # the loop never needs two connections at once
             async with self.engine.begin() as conn:
-                return await _adrive(conn, op())
+                return await arun(conn, op())
 
         self._in_database = True
         loop = asyncio.current_task() is self._run_task
@@ -472,7 +472,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
 
         async def channel() -> str | None:
             async with self.engine.begin() as conn:
-                return await _adrive(conn, self.core.ops.notify_channel())
+                return await arun(conn, self.core.ops.notify_channel())
 
         async def probe(channel: str) -> None:
             async with self.engine.begin() as conn:
@@ -654,7 +654,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         try:
             if pairs:
                 async with self.engine.begin() as conn:
-                    beat = await _adrive(conn, self.core.heartbeat_op(pairs))
+                    beat = await arun(conn, self.core.heartbeat_op(pairs))
                 result = beat.result
                 lost = self.core.beaten(pairs, beat, sent_at)
         finally:  # a heartbeat that failed may leave leases to expire: cancel those jobs
@@ -707,7 +707,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         if self.scheduler is None:
             return []
         async with self.engine.begin() as conn:
-            now, ticks = await _adrive(conn, self.scheduler.run_op(self._schedule_ops, self._clock))
+            now, ticks = await arun(conn, self.scheduler.run_op(self._schedule_ops, self._clock))
         return self._scheduled(now, ticks)
 
     async def reclaim(self) -> list[ReclaimedJob]:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._tracing import current_trace_headers
-from ..queue._results import ClaimedJob
+from ..queue import ClaimedJob
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, Unique
 from .errors import JobCancelled
 

@@ -19,7 +19,7 @@ import collections
 import enum
 import threading
 
-from ..queue._results import ClaimedJob
+from ..queue import ClaimedJob
 
 __all__ = ["CountingMetrics", "JobOutcome", "WorkerMetrics"]
 

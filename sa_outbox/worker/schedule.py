@@ -41,7 +41,7 @@ from .._validation import (
 from .._validation import (
     name as _checked_name,
 )
-from ..queue._executors import Op, _JobOps
+from ..ops import JobOps, Op
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, latest_deduplication_key
 
 __all__ = [
@@ -371,7 +371,7 @@ class Scheduler:
         nearest = min(schedule.next_tick(now) for schedule in self.schedules)
         return min(max((nearest - now).total_seconds(), 0.001), MAX_SCHEDULER_WAIT)
 
-    def run_op(self, ops: _JobOps, clock: Clock) -> Op[tuple[dt.datetime, list[Tick]]]:
+    def run_op(self, ops: JobOps, clock: Clock) -> Op[tuple[dt.datetime, list[Tick]]]:
         """Read "now" from ``clock`` (in SQL), enqueue the due ticks' jobs; returns now and
         the ticks. Run it in one transaction, then call `done` with that now."""
         now = (yield select(clock.sql_now())).scalar_one()

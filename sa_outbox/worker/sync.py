@@ -31,8 +31,8 @@ from .._pooler import PROBE_NOTIFY_SQL
 from .._sqlstate import is_bad_data
 from ..maintenance._retention import Pruner, PruneReport, Retention
 from ..maintenance._vacuum import Vacuumer, VacuumPolicy, VacuumReport
-from ..queue._executors import Op, _drive
-from ..queue._results import BatchResult, ReclaimedJob
+from ..ops import Op, run
+from ..queue import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import HeldConnection, can_hold
 from ._driver import FINAL_WRITE_TIMEOUT, Chore, DriverBase, Interrupted, KeeperPlan
@@ -346,7 +346,7 @@ class Worker(DriverBase[Engine]):
                 return self._held.run(op())
             self._held.release()  # the loop never needs two connections at once
             with self.engine.begin() as conn:
-                return _drive(conn, op())
+                return run(conn, op())
 
         main = threading.current_thread() is threading.main_thread()
         self._in_database = main
@@ -461,7 +461,7 @@ class Worker(DriverBase[Engine]):
 
         def channel() -> str | None:
             with self.engine.begin() as conn:
-                return _drive(conn, self.core.ops.notify_channel())
+                return run(conn, self.core.ops.notify_channel())
 
         def probe(channel: str) -> None:
             with self.engine.begin() as conn:
@@ -696,7 +696,7 @@ class Worker(DriverBase[Engine]):
         try:
             if pairs:
                 with self.engine.begin() as conn:
-                    beat = _drive(conn, self.core.heartbeat_op(pairs))
+                    beat = run(conn, self.core.heartbeat_op(pairs))
                 result = beat.result
         finally:  # a heartbeat that failed may leave leases to expire: cancel those jobs
             with self._cond:
@@ -758,7 +758,7 @@ class Worker(DriverBase[Engine]):
         if self.scheduler is None:
             return []
         with self.engine.begin() as conn:
-            now, ticks = _drive(conn, self.scheduler.run_op(self._schedule_ops, self._clock))
+            now, ticks = run(conn, self.scheduler.run_op(self._schedule_ops, self._clock))
         return self._scheduled(now, ticks)
 
     def reclaim(self) -> list[ReclaimedJob]:

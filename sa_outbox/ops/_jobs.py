@@ -1,28 +1,26 @@
-"""Layer 3: run the query builder's statements and turn rows into typed results.
+"""`JobOps`: the job queue's operations, each a generator over statements.
 
 Each operation is written once, as a generator that yields statements and receives their
-results (the sans-I/O style of psycopg 3); `_drive` runs it on a sync Connection/Session and
-`_adrive` on an AsyncConnection/AsyncSession. The public classes are thin wrappers that give
-each operation its typed signature. None of them commits: the caller owns the transaction
-(`_drive_autocommit` excepted: given an Engine, `JobQueue.enqueue` is one autocommit INSERT).
+results (the sans-I/O style of psycopg 3), and turns rows into typed results; `run` drives
+it on a sync Connection/Session and `arun` on an AsyncConnection/AsyncSession. None of them
+commits: the caller owns the transaction (given an Engine, `JobQueue.enqueue` is one
+autocommit INSERT: ``run(engine, op, autocommit=True)``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeAlias, TypeVar
 
-from sqlalchemy import Connection, Engine, Executable
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, Executable
 
 from .. import statements as st
 from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import LeaseLost
 from .._json import fast_compact_json
-from .._pooler import prepare_for_pooler
 from .._tracing import current_trace_headers
 from .._validation import count, name_filter
 from ..schema import JobStatus, resolve_table
@@ -37,6 +35,8 @@ from ..statements._job_enqueue import (
 )
 from ..statements._job_unique import refuse_unique_on
 from ._cursor import NOT_RUN, DriverInsert
+from ._drive import BoundOp, BoundStep, Op, Step, SyncConn
+from ._params import ClaimParams
 from ._results import (
     BatchResult,
     CancelResult,
@@ -47,6 +47,8 @@ from ._results import (
     RetryResult,
 )
 
+__all__ = ["JobOps"]
+
 Pair: TypeAlias = tuple[uuid.UUID, uuid.UUID]
 
 T = TypeVar("T")
@@ -54,98 +56,29 @@ T = TypeVar("T")
 _NOT_INSERTED = EnqueueResult(id=None, inserted=False)
 #: The parameter a unique job's values hold (`st.UNIQUE_ENQUEUE_PARAMETERS`).
 _UNIQUE = "job_unique_digest"
-# A statement, or a statement and the values of its bind parameters (a statement built once
-# and run again with new values, see `_JobOps.complete_rows`).
-Step: TypeAlias = Executable | tuple[Executable, dict[str, Any]]
-# An operation yields statements and is sent back each statement's (buffered) Result.
-Op = Generator[Step, Any, T]
-# A statement, its values, and the ``bind_arguments`` a Session needs to find its engine (a
-# statement as text names no table, see `_JobOps._enqueue_step`); only `_drive` and
-# `_adrive` run those.
-BoundStep: TypeAlias = tuple[Executable, dict[str, Any], dict[str, Any]]
-BoundOp = Generator[Step | BoundStep, Any, T]
-SyncConn: TypeAlias = Connection | Session
-
-if TYPE_CHECKING:
-    # sqlalchemy.ext.asyncio needs greenlet, an optional extra: import it only for typing.
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-
-    AsyncConn: TypeAlias = AsyncConnection | AsyncSession
-
-
-def _drive(conn: SyncConn, op: BoundOp[T]) -> T:
-    try:
-        step = next(op)
-        while True:
-            if not isinstance(step, tuple):
-                step = op.send(conn.execute(step))
-            elif len(step) == 3 and isinstance(conn, Session):
-                step = op.send(conn.execute(step[0], step[1], bind_arguments=step[2]))
-            else:
-                step = op.send(conn.execute(step[0], step[1]))
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-async def _adrive(conn: AsyncConn, op: BoundOp[T]) -> T:
-    try:
-        step = next(op)
-        while True:
-            if not isinstance(step, tuple):
-                step = op.send(await conn.execute(step))
-            elif len(step) == 3 and hasattr(conn, "sync_session"):
-                session = cast("AsyncSession", conn)
-                step = op.send(await session.execute(step[0], step[1], bind_arguments=step[2]))
-            else:
-                step = op.send(await conn.execute(step[0], step[1]))
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-def _drive_autocommit(engine: Engine, op: BoundOp[T]) -> T:
-    """Run ``op`` on a connection of ``engine`` in autocommit: each statement commits itself
-    (one round trip each, no BEGIN or COMMIT of their own)."""
-    prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
-    with engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT")
-        return _drive(conn, op)
-
-
-async def _adrive_autocommit(engine: AsyncEngine, op: BoundOp[T]) -> T:
-    """`_drive_autocommit` for an `AsyncEngine`."""
-    prepare_for_pooler(engine)
-    async with engine.connect() as conn:
-        await conn.execution_options(isolation_level="AUTOCOMMIT")
-        return await _adrive(conn, op)
 
 
 def _claim_order(job: ClaimedJob) -> tuple[int, dt.datetime, uuid.UUID]:
     return (-job.priority, job.run_at, job.id)
 
 
-def _hashable(names: object) -> object:
-    """An option's value as a dictionary key (a list or set of names becomes a tuple)."""
-    return tuple(names) if isinstance(names, list | set | frozenset) else names
-
-
 def _cached(
-    cache: dict[tuple[Any, ...], Executable],
-    options: dict[str, Any] | None,
+    cache: dict[ClaimParams, Executable],
+    params: ClaimParams | None,
     build: Callable[[], Executable],
 ) -> Executable:
-    """The statement ``build`` makes for ``options``, built once per distinct options
+    """The statement ``build`` makes for ``params``, built once per distinct parameters
     (``None``: not cacheable, built afresh)."""
-    if options is None:
+    if params is None:
         return build()
-    key = tuple((name, _hashable(value)) for name, value in sorted(options.items()))
     try:
-        stmt = cache.get(key)
+        stmt = cache.get(params)
     except TypeError:  # an unhashable option: let the builder say what is wrong with it
         return build()
     if stmt is None:
         stmt = build()
         if len(cache) < 64:
-            cache[key] = stmt
+            cache[params] = stmt
     return stmt
 
 
@@ -164,17 +97,32 @@ def _payload_options(dumps: Dumps | None, max_payload_bytes: int) -> tuple[Dumps
     return dumps or fast_compact_json, limit
 
 
-class _JobOps:
-    """The job operations, each written once as a generator over statements."""
+class JobOps:
+    """The job queue's operations, each written once as a generator over statements.
+
+    What `sa_outbox.queue.JobQueue`, the worker and its schedule run: each method returns
+    an operation (`run` or `arun` drives it on a connection; none commits). The statements
+    a worker repeats (its claim, its batched completion, the enqueue) are built once.
+
+    Examples:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox import JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> ops = JobOps(Job)
+        >>> claim = ops.claim(ClaimParams(worker_id="w1", batch=10))
+        >>> next(claim) is next(ops.claim(ClaimParams(worker_id="w1", batch=10)))
+        True
+    """
 
     def __init__(
         self,
         model: object,
         *,
-        clock: Clock | None,
-        backoff: Backoff | None,
-        dumps: Dumps | None,
-        max_payload_bytes: int,
+        clock: Clock | None = None,
+        backoff: Backoff | None = None,
+        dumps: Dumps | None = None,
+        max_payload_bytes: int = st.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self.table = resolve_table(model)
         self.has_headers = has_headers(self.table)
@@ -188,10 +136,10 @@ class _JobOps:
         # The same two for unique jobs (a statement of their own, built when first needed).
         self._enqueue_unique: tuple[Executable, dict[str, Any] | None] | None = None
         self._driver_insert_unique: DriverInsert | None = None
-        self._claims: dict[tuple[Any, ...], Executable] = {}
+        self._claims: dict[ClaimParams, Executable] = {}
         self._locks: dict[tuple[Any, ...], Executable | None] = {}
         self._completion: Executable | None = None
-        self._complete_claims: dict[tuple[Any, ...], Executable] = {}
+        self._complete_claims: dict[ClaimParams, Executable] = {}
 
     def enqueue_values(self, kind: str, payload: Any, options: dict[str, Any]) -> dict[str, Any]:
         """The job's checked values (the payload and headers serialised, the current trace
@@ -281,52 +229,74 @@ class _JobOps:
         inserted = set(returned)
         return [EnqueueResult(id=i, inserted=True) if i in inserted else _NOT_INSERTED for i in ids]
 
-    def claim(self, options: dict[str, Any]) -> Op[list[ClaimedJob]]:
-        lock = self._limits_lock(options)
+    def claim(self, params: ClaimParams) -> Op[list[ClaimedJob]]:
+        lock = self._limits_lock(params)
         if lock is not None:
             yield lock
-        rows = (yield self._claim_statement(options)).all()
+        rows = (yield self._claim_statement(params)).all()
         # The claim returns ClaimedJob's fields in their order (st.claim_jobs' RETURNING).
         jobs = [ClaimedJob(*row) for row in rows]
         # RETURNING has no order of its own: hand jobs out in the claim's order.
         jobs.sort(key=_claim_order)
         return jobs
 
-    def _limits_lock(self, options: dict[str, Any]) -> Executable | None:
+    def _limits_lock(self, params: ClaimParams) -> Executable | None:
         """`st.lock_claim_limits` for the limits this claim touches (``None``: none), built
         once per limits, queues and kinds (a worker claims with the same ones every time)."""
-        limits = options.get("limits")
-        if limits is None or not isinstance(limits, st.ClaimLimits):
-            return None  # not a ClaimLimits: claim_jobs says what is wrong with it
-        queues, kinds = options.get("queues"), options.get("kinds")
-        key = (limits, _hashable(queues), _hashable(kinds))
+        limits = params.limits
+        if limits is None:
+            return None
+        key = (limits, params.queues, params.kinds)
         if key not in self._locks:
-            applied = limits.applying(name_filter(queues, "queues"), name_filter(kinds, "kinds"))
+            applied = limits.applying(
+                name_filter(params.queues, "queues"), name_filter(params.kinds, "kinds")
+            )
             self._locks[key] = (
                 None if applied is None else st.lock_claim_limits(self.table, applied)
             )
         return self._locks[key]
 
-    def _claim_statement(self, options: dict[str, Any]) -> Executable:
-        # A worker claims with the same options again and again: with the database's clock
-        # the statement holds no value that changes, so it is built (~0.4 ms) and its cache
-        # key computed (~0.5 ms) once, not at every claim. A FakeClock's time is a bound
-        # value: those statements are built afresh.
+    def _claim_statement(self, params: ClaimParams) -> Executable:
+        # A worker claims with the same parameters again and again: with the database's
+        # clock the statement holds no value that changes, so it is built (~0.4 ms) and its
+        # cache key computed (~0.5 ms) once, not at every claim. A FakeClock's time is a
+        # bound value: those statements are built afresh.
         return _cached(
             self._claims,
-            None if self.clock is not None else options,
-            lambda: st.claim_jobs(self.table, clock=self.clock, **options),
+            None if self.clock is not None else params,
+            lambda: st.claim_jobs(
+                self.table,
+                worker_id=params.worker_id,
+                batch=params.batch,
+                lease=params.lease,
+                queues=params.queues,
+                kinds=params.kinds,
+                paused=params.paused,
+                limits=params.limits,
+                clock=self.clock,
+            ),
         )
 
     def complete_and_claim(
-        self, pairs: Sequence[Pair], options: dict[str, Any]
+        self, pairs: Sequence[Pair], params: ClaimParams
     ) -> Op[tuple[set[Pair], list[ClaimedJob]]]:
-        """The batched completion and a claim in one statement (`st.complete_and_claim_jobs`);
-        returns the (id, token) pairs completed and the jobs claimed, in the claim's order."""
+        """The batched completion and a claim in one statement (`st.complete_and_claim_jobs`;
+        ``params`` without ``limits``); returns the (id, token) pairs completed and the jobs
+        claimed, in the claim's order."""
         stmt = _cached(
             self._complete_claims,
-            None if self.clock is not None else options,
-            lambda: st.complete_and_claim_jobs(self.table, pairs, clock=self.clock, **options),
+            None if self.clock is not None else params,
+            lambda: st.complete_and_claim_jobs(
+                self.table,
+                pairs,
+                worker_id=params.worker_id,
+                batch=params.batch,
+                lease=params.lease,
+                queues=params.queues,
+                kinds=params.kinds,
+                paused=params.paused,
+                clock=self.clock,
+            ),
         )
         ids, tokens = id_token_pairs(pairs, "completion pairs")
         rows = (yield stmt, {COMPLETION_IDS: ids, COMPLETION_TOKENS: tokens}).all()

@@ -1,4 +1,4 @@
-"""Typed results of the executors."""
+"""Typed results of the operations (`sa_outbox.ops`), public in `sa_outbox.queue`."""
 
 from __future__ import annotations
 
