@@ -64,7 +64,7 @@ NAMES: Mapping[str, str] = {
     "__aexit__": "__exit__",
     "aclose": "close",
     # sa_outbox
-    "_adrive": "_drive",
+    "arun": "run",
     "AsyncVacuumer": "Vacuumer",
 }
 

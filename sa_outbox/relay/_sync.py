@@ -24,8 +24,7 @@ from .._connect_args import harden
 from .._exceptions import InvalidArgumentType
 from .._pooler import prepare_for_pooler
 from ..maintenance._vacuum import DEFAULT_VACUUM, Vacuumer, VacuumPolicy, VacuumReport
-from ..ops import OutboxOps as _OutboxOps
-from ..ops import run as _drive
+from ..ops import OutboxOps, run
 from ..queue import ClaimedEvent
 from ..statements import DEFAULT_MAX_PAYLOAD_BYTES
 from ._config import DEFAULT_RETENTION, RelaySettings
@@ -151,7 +150,7 @@ class Relay:
         self._guarded = GuardedPublisher(
             self.settings.name, self.settings.publish_timeout.total_seconds()
         )
-        self._ops = _OutboxOps(
+        self._ops = OutboxOps(
             model,
             clock=clock,
             dumps=None,
@@ -192,7 +191,7 @@ class Relay:
         s = self.settings
         recorder = CycleRecorder(self.metrics)
         with self.engine.begin() as conn:
-            events = _drive(conn, self._ops.claim(s.batch, s.lease, s.per_aggregate))
+            events = run(conn, self._ops.claim(s.batch, s.lease, s.per_aggregate))
         recorder.claimed(events)
         if not events:
             return RelayReport(self.name)
@@ -207,7 +206,7 @@ class Relay:
                 if plan.unavailable:
                     break
         with self.engine.begin() as conn:
-            report = _drive(conn, finish(self._ops, plan, self.name, s.max_attempts))
+            report = run(conn, finish(self._ops, plan, self.name, s.max_attempts))
         log_report(report)
         recorder.finished(plan, report)
         return report
@@ -246,7 +245,7 @@ class Relay:
         deleted = 0
         while True:
             with self.engine.begin() as conn:
-                n = _drive(conn, self._ops.prune(retention, 1000))
+                n = run(conn, self._ops.prune(retention, 1000))
             deleted += n
             if n < 1000:
                 return deleted
