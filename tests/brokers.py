@@ -90,13 +90,15 @@ class TcpProxy:
         self._server = await asyncio.start_server(self._serve, sock=sock)
 
     async def _stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        # The open connections first: from Python 3.12 on, wait_closed() also waits for them.
         for writer in list(self._writers):
             writer.transport.abort()
         self._writers.clear()
+        if server is not None:
+            await server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
