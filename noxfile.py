@@ -39,6 +39,7 @@ LINT_PATHS = [
         "alembic_ext",
         "tests",
         "noxfile.py",
+        "conftest.py",
         "examples",
         "benchmarks",
         "tools",

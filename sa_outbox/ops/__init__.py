@@ -10,9 +10,11 @@ Examples:
     >>> from sqlalchemy import create_engine, text
     >>> def answer():
     ...     return (yield text("SELECT 42")).scalar()
-    >>> with create_engine("sqlite://").connect() as conn:
+    >>> engine = create_engine("sqlite://")
+    >>> with engine.connect() as conn:
     ...     run(conn, answer())
     42
+    >>> engine.dispose()
 """
 
 from ._drive import (

@@ -170,6 +170,7 @@ def run(
         >>> with engine.connect() as conn:
         ...     run(conn, op())
         42
+        >>> engine.dispose()
     """
     if autocommit:
         if not isinstance(conn, Engine):
