@@ -20,6 +20,7 @@ None of them commits unless the operation says so: the caller owns the transacti
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar, cast
 
@@ -93,7 +94,7 @@ else:  # a name for the documentation; the types need sqlalchemy.ext.asyncio
     AsyncConn = Any
 
 
-class HeldSteps:
+class HeldSteps(abc.ABC):
     """A connection kind `run` hands each step to (`execute_step`) instead of executing it
     through SQLAlchemy: the worker's held connection, which runs its hot statements on
     psycopg's cursor.
@@ -107,12 +108,12 @@ class HeldSteps:
         'SELECT 1'
     """
 
+    @abc.abstractmethod
     def execute_step(self, step: Step) -> Any:
         """Run one statement; returns its rows (iterable; ``all()``)."""
-        raise NotImplementedError
 
 
-class AsyncHeldSteps:
+class AsyncHeldSteps(abc.ABC):
     """`HeldSteps` for `arun`.
 
     Examples:
@@ -125,9 +126,9 @@ class AsyncHeldSteps:
         'SELECT 1'
     """
 
+    @abc.abstractmethod
     async def execute_step(self, step: Step) -> Any:
         """See `HeldSteps.execute_step`."""
-        raise NotImplementedError
 
 
 def _sync_executor(conn: SyncConn | HeldSteps) -> Callable[[Any], Any]:
