@@ -16,14 +16,13 @@ Examples:
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import datetime as dt
 import logging
-import signal
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._backoff import Backoff
 from .._clock import Clock
@@ -36,12 +35,13 @@ from ..schema import JobStatus
 from ..statements import DEFAULT_BACKOFF
 from ._retry import async_retrying, retrying
 from ._settings import check_engine, jittered
+from ._signals import install_stop_signals
 from .metrics import WorkerMetrics
 from .registry import JobApp
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
-    from sqlalchemy.ext.asyncio import AsyncEngine
+    from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: F401 (named in _Base["AsyncEngine"])
 
 __all__ = ["AsyncReclaimer", "Reclaimer"]
 
@@ -54,22 +54,38 @@ def _model_and_backoff(source: object, backoff: Backoff | None) -> tuple[object,
     return source, backoff or DEFAULT_BACKOFF
 
 
-class _Base:
+E = TypeVar("E")
+
+
+class _Base(abc.ABC, Generic[E]):
     def __init__(
         self,
         source: object,
+        engine: E,
         *,
-        interval: dt.timedelta | float,
-        limit: int,
-        backoff: Backoff | None,
-        clock: Clock | None,
-        metrics: WorkerMetrics | None,
+        interval: dt.timedelta | float = 15.0,
+        limit: int = 1000,
+        backoff: Backoff | None = None,
+        clock: Clock | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
+        self._check(engine)
         self.model, self.backoff = _model_and_backoff(source, backoff)
         self.interval = duration(interval, "interval").total_seconds()
         self.limit = count(limit, "limit")
         self.clock = clock
         self.metrics = metrics
+        self.engine = engine
+        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
+        self._ready()
+
+    def _check(self, engine: E) -> None:
+        """Refuse a wrong engine before anything is done with it."""
+
+    @abc.abstractmethod
+    def _ready(self) -> None:
+        """Build the queue and the stop event of this kind of reclaimer."""
 
     def _report(self, batch: list[ReclaimedJob]) -> None:
         if not batch:
@@ -95,7 +111,7 @@ class _Base:
         self._hook("database_error", operation, error)
 
 
-class Reclaimer(_Base):
+class Reclaimer(_Base["Engine"]):
     """Return expired leases, now (`run_once`) or every ``interval`` seconds (`run`).
 
     ``source`` is a `JobApp` (its model and backoff) or a job model / table.
@@ -105,25 +121,11 @@ class Reclaimer(_Base):
         returned = reclaimer.run_once()
     """
 
-    def __init__(
-        self,
-        source: object,
-        engine: Engine,
-        *,
-        interval: dt.timedelta | float = 15.0,
-        limit: int = 1000,
-        backoff: Backoff | None = None,
-        clock: Clock | None = None,
-        metrics: WorkerMetrics | None = None,
-    ) -> None:
+    def _check(self, engine: Engine) -> None:
         check_engine(engine, "Reclaimer")
-        super().__init__(
-            source, interval=interval, limit=limit, backoff=backoff, clock=clock, metrics=metrics
-        )
-        self.engine = engine
-        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
-        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
-        self.queue = JobQueue(self.model, clock=clock, backoff=self.backoff)
+
+    def _ready(self) -> None:
+        self.queue = JobQueue(self.model, clock=self.clock, backoff=self.backoff)
         self._stop = threading.Event()
 
     def run_once(self) -> list[ReclaimedJob]:
@@ -139,7 +141,7 @@ class Reclaimer(_Base):
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
         """Reclaim every ``interval`` (± 20 %) until `stop` (or SIGTERM / SIGINT)."""
-        restore = _install(self.stop) if install_signal_handlers else None
+        restore = install_stop_signals(lambda _: self.stop()) if install_signal_handlers else None
         try:
             attempt = retrying(
                 "reclaim",
@@ -159,7 +161,7 @@ class Reclaimer(_Base):
         self._stop.set()
 
 
-class AsyncReclaimer(_Base):
+class AsyncReclaimer(_Base["AsyncEngine"]):
     """`Reclaimer` for asyncio, on an `AsyncEngine`.
 
     Examples:
@@ -167,24 +169,8 @@ class AsyncReclaimer(_Base):
         await reclaimer.run_once()
     """
 
-    def __init__(
-        self,
-        source: object,
-        engine: AsyncEngine,
-        *,
-        interval: dt.timedelta | float = 15.0,
-        limit: int = 1000,
-        backoff: Backoff | None = None,
-        clock: Clock | None = None,
-        metrics: WorkerMetrics | None = None,
-    ) -> None:
-        super().__init__(
-            source, interval=interval, limit=limit, backoff=backoff, clock=clock, metrics=metrics
-        )
-        self.engine = engine
-        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
-        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
-        self.queue = AsyncJobQueue(self.model, clock=clock, backoff=self.backoff)
+    def _ready(self) -> None:
+        self.queue = AsyncJobQueue(self.model, clock=self.clock, backoff=self.backoff)
         self._stop: asyncio.Event | None = None
 
     async def run_once(self) -> list[ReclaimedJob]:
@@ -217,22 +203,3 @@ class AsyncReclaimer(_Base):
         """Ask `run` to return."""
         if self._stop is not None:
             self._stop.set()
-
-
-def _install(stop: Callable[[], None]) -> Callable[[], None] | None:
-    """SIGTERM and SIGINT call ``stop``; returns what restores the previous handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def handler(signum: int, frame: object) -> None:
-        stop()
-
-    for sig in previous:
-        signal.signal(sig, handler)
-
-    def restore() -> None:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-    return restore

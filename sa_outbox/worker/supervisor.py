@@ -45,6 +45,7 @@ from .._pooler import prepare_for_pooler
 from .._validation import count
 from ..statements import WORKER_APPLICATION_PREFIX
 from ._settings import default_worker_id
+from ._signals import install_stop_signals
 from .aio import AsyncWorker
 from .registry import JobApp
 from .sync import Worker
@@ -263,20 +264,9 @@ class Supervisor:
                         os.kill(child.pid, signal.SIGTERM)
         self._wake.set()
 
-    def _install_signals(self) -> Callable[[], None] | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def handler(signum: int, frame: object) -> None:
+    def _install_signals(self) -> Callable[[], None]:
+        def on_signal(signum: int) -> None:
             log.info("supervisor: %s received", signal.Signals(signum).name)
             self.stop()
 
-        for sig in previous:
-            signal.signal(sig, handler)
-
-        def restore() -> None:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-
-        return restore
+        return install_stop_signals(on_signal)
