@@ -141,6 +141,16 @@ CONVERSIONS = [
             ),
         },
     ),
+    Conversion(
+        "sa_outbox/queue/_outbox_async.py",
+        "sa_outbox/queue/_outbox_sync.py",
+        names={"AsyncOutbox": "Outbox", "AsyncConn": "SyncConn"},
+        text={
+            "on asyncio. `Outbox` (``_outbox_sync.py``) is generated from this file.": (
+                "generated from `AsyncOutbox` (``_outbox_async.py``)."
+            ),
+        },
+    ),
 ]
 
 

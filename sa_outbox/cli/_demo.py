@@ -37,9 +37,8 @@ from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.schema import CreateSchema, DropSchema
 
 from .._exceptions import InvalidArgument
-from ..queue import ClaimedJob
+from ..queue import ClaimedJob, Outbox
 from ..queue._job_queue import JobQueue
-from ..queue._outbox import Outbox
 from ..schema import JobMixin, JobStatus, OutboxMixin
 from ..statements import NewJob
 

@@ -61,7 +61,8 @@ from ._inspect import (
     throughput_by_minute,
 )
 from ._job_queue import AsyncJobQueue, JobQueue
-from ._outbox import AsyncOutbox, Outbox
+from ._outbox_async import AsyncOutbox
+from ._outbox_sync import Outbox
 
 __all__ = [
     "AsyncInbox",

@@ -33,7 +33,7 @@ from ..ops._results import RetriedJobs
 from ..schema import JobStatus, resolve_table
 from ..statements._common import as_uuid
 from ._control import PausedQueue
-from ._outbox import Outbox
+from ._outbox_sync import Outbox
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Table
