@@ -151,6 +151,16 @@ CONVERSIONS = [
             ),
         },
     ),
+    Conversion(
+        "sa_outbox/maintenance/_partitions_async.py",
+        "sa_outbox/maintenance/_partitions.py",
+        names={"amaintain_partitions": "maintain_partitions"},
+        text={
+            "(on an `AsyncEngine`; `maintain_partitions` is generated from it)\nworks": (
+                "(and `amaintain_partitions`, its source, on an `AsyncEngine`)\nworks"
+            ),
+        },
+    ),
 ]
 
 

@@ -13,7 +13,8 @@ Examples:
 """
 
 from ._health import HealthReport, PartitionHealth, TableHealth, XminHolder, table_health
-from ._partitions import PartitionReport, amaintain_partitions, maintain_partitions
+from ._partitions import PartitionReport, maintain_partitions
+from ._partitions_async import amaintain_partitions
 from ._retention import AsyncPruner, Pruner, PruneReport, Retention
 from ._vacuum import AsyncVacuumer, Vacuumer, VacuumPolicy, VacuumReport
 

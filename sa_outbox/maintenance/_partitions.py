@@ -1,7 +1,10 @@
+# generated from _partitions_async.py by tools/async_to_sync.py — do not edit
+# (edit _partitions_async.py and run `python tools/async_to_sync.py`)
 """Partition maintenance: create partitions ahead, drop whole partitions past retention.
 
-`maintain_partitions` (and `amaintain_partitions` on an `AsyncEngine`) works on a table
-declared with ``__partition_interval__`` (docs/partitions.md), on one connection:
+`maintain_partitions` (and `amaintain_partitions`, its source, on an `AsyncEngine`)
+works on a table declared with ``__partition_interval__`` (docs/partitions.md), on one
+connection:
 
 1. It takes the table's session-level advisory lock (`sa_outbox.statements.partition_lock`);
    if another maintainer holds it, it does nothing and says so (``report.skipped``).
@@ -19,10 +22,12 @@ declared with ``__partition_interval__`` (docs/partitions.md), on one connection
    someone else longer than that, the partition is left for the next run (``busy``).
 
 Each step is its own short transaction. Every step is written once, as a generator of
-statements (`sa_outbox.ops.PartitionOps`), driven on a sync or an async connection.
+statements (`sa_outbox.ops.PartitionOps`), driven on a connection of either kind.
 
 Examples:
-    report = maintain_partitions(engine, Job, ahead=3, retention=dt.timedelta(days=7))
+    report = maintain_partitions(
+        engine, Job, ahead=3, retention=dt.timedelta(days=7)
+    )
     print(report.created, report.dropped, report.kept)
 """
 
@@ -37,13 +42,12 @@ from .. import statements as st
 from .._clock import Clock
 from .._connect_args import harden
 from .._pooler import prepare_for_pooler
-from ..ops import DEFAULT_AHEAD, DEFAULT_LOCK_TIMEOUT, PartitionOps, PartitionReport, arun, run
+from ..ops import DEFAULT_AHEAD, DEFAULT_LOCK_TIMEOUT, PartitionOps, PartitionReport, run
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
-    from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["PartitionReport", "amaintain_partitions", "maintain_partitions"]
+__all__ = ["PartitionReport", "maintain_partitions"]
 
 
 def maintain_partitions(
@@ -75,7 +79,7 @@ def maintain_partitions(
     prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
     with engine.connect() as conn:
         parent: Table = run(conn, ops.parent(), recover=True)
-        locked = bool(conn.execute(st.partition_lock(parent)).scalar())
+        locked = bool((conn.execute(st.partition_lock(parent))).scalar())
         conn.commit()
         try:
             report: PartitionReport = run(conn, ops.maintain(parent, locked), recover=True)
@@ -84,37 +88,4 @@ def maintain_partitions(
                 conn.rollback()
                 conn.execute(st.partition_unlock(parent))
                 conn.commit()
-    return report
-
-
-async def amaintain_partitions(
-    engine: AsyncEngine,
-    table_or_model: object,
-    *,
-    ahead: int = DEFAULT_AHEAD,
-    retention: dt.timedelta | float | None = None,
-    clock: Clock | None = None,
-    lock_timeout: dt.timedelta | float = DEFAULT_LOCK_TIMEOUT,
-) -> PartitionReport:
-    """`maintain_partitions` on an `AsyncEngine`.
-
-    Examples:
-        report = await amaintain_partitions(async_engine, Job, retention=7 * 86400)
-    """
-    ops = PartitionOps(
-        table_or_model, ahead=ahead, retention=retention, clock=clock, lock_timeout=lock_timeout
-    )
-    harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
-    prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
-    async with engine.connect() as conn:
-        parent: Table = await arun(conn, ops.parent(), recover=True)
-        locked = bool((await conn.execute(st.partition_lock(parent))).scalar())
-        await conn.commit()
-        try:
-            report: PartitionReport = await arun(conn, ops.maintain(parent, locked), recover=True)
-        finally:
-            if locked:
-                await conn.rollback()
-                await conn.execute(st.partition_unlock(parent))
-                await conn.commit()
     return report
