@@ -165,7 +165,8 @@ class JobOps:
     def enqueue_values(
         self, kind: str, payload: Any, options: Mapping[str, Any] = _NO_OPTIONS
     ) -> dict[str, Any]:
-        """`job_values` of ``NewJob(kind, payload, **options)``."""
+        """`job_values` of ``NewJob(kind, payload, **options)``, for a caller holding keywords
+        (the library itself passes a `NewJob`)."""
         return self.job_values(st.NewJob(kind, payload, **options))
 
     def enqueue_on_cursor(self, conn: SyncConn | Engine, values: dict[str, Any]) -> Any:

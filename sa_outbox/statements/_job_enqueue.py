@@ -1,5 +1,6 @@
 """Statements that add one job: `enqueue_job`, and the template every job of a queue shares
-(`enqueue_job_template`, `enqueue_job_values`) (article, section 3).
+(`enqueue_job_template`, and its values: `job_template_values` for a `NewJob`, which
+`enqueue_job_values` builds from its keywords) (article, section 3).
 
 What the optional columns of a job table change in an ``INSERT`` (``headers``,
 ``lock_key``, the unique columns, the ``ON CONFLICT``) is here too, for `enqueue_jobs`
