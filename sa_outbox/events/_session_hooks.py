@@ -41,6 +41,7 @@ from ..statements import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
     NewEvent,
+    NewJob,
     Unique,
     append_events,
     check_event,
@@ -364,18 +365,20 @@ def enqueue(
                              deduplication_key=f"confirmation:{order.id}")
     """
     sync_queue, async_queue = _queues_for(_job_model(session, model))
-    options: dict[str, Any] = {
-        "queue": queue,
-        "priority": priority,
-        "run_at": run_at,
-        "delay": delay,
-        "max_attempts": max_attempts,
-        "deduplication_key": deduplication_key,
-        "headers": headers,
-        "lock_key": lock_key,
-        "unique": unique,
-    }
+    job = NewJob(
+        kind,
+        payload,
+        queue,
+        priority,
+        run_at,
+        delay,
+        max_attempts,
+        deduplication_key,
+        headers,
+        lock_key,
+        unique,
+    )
     # AsyncSession has a sync_session; AsyncConnection and AsyncEngine have a sync_engine.
     if hasattr(session, "sync_session") or hasattr(session, "sync_engine"):
-        return async_queue.enqueue(session, kind, payload, **options)
-    return sync_queue.enqueue(session, kind, payload, **options)
+        return async_queue.enqueue_one(session, job)
+    return sync_queue.enqueue_one(session, job)

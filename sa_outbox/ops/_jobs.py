@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 from sqlalchemy import Engine, Executable
@@ -30,6 +30,7 @@ from ..statements._job_claim import COMPLETION_IDS, COMPLETION_TOKENS
 from ..statements._job_enqueue import (
     has_headers,
     has_lock_key,
+    job_template_values,
     no_headers_column,
     no_lock_key_column,
 )
@@ -56,6 +57,7 @@ T = TypeVar("T")
 _NOT_INSERTED = EnqueueResult(id=None, inserted=False)
 #: The parameter a unique job's values hold (`st.UNIQUE_ENQUEUE_PARAMETERS`).
 _UNIQUE = "job_unique_digest"
+_NO_OPTIONS: Mapping[str, Any] = {}
 
 
 def _claim_order(job: ClaimedJob) -> tuple[int, dt.datetime, uuid.UUID]:
@@ -141,19 +143,17 @@ class JobOps:
         self._completion: Executable | None = None
         self._complete_claims: dict[ClaimParams, Executable] = {}
 
-    def enqueue_values(self, kind: str, payload: Any, options: dict[str, Any]) -> dict[str, Any]:
+    def job_values(self, job: st.NewJob) -> dict[str, Any]:
         """The job's checked values (the payload and headers serialised, the current trace
         context among the headers): bad input raises here."""
-        values = st.enqueue_job_values(
-            kind,
-            payload,
+        values = job_template_values(
+            job,
             trace_headers=current_trace_headers(),
             dumps=self.dumps,
             max_payload_bytes=self.max_payload_bytes,
-            **options,
         )
         if values["job_headers"] is not None and not self.has_headers:
-            if options.get("headers") is not None:
+            if job.headers is not None:
                 raise no_headers_column(self.table)
             values["job_headers"] = None  # a table not migrated yet: the trace is dropped
         if values["job_lock_key"] is not None and not self.has_lock_key:
@@ -161,6 +161,13 @@ class JobOps:
         if _UNIQUE in values:
             refuse_unique_on(self.table)
         return values
+
+    def enqueue_values(
+        self, kind: str, payload: Any, options: Mapping[str, Any] = _NO_OPTIONS
+    ) -> dict[str, Any]:
+        """`job_values` of ``NewJob(kind, payload, **options)``, for a caller holding keywords
+        (the library itself passes a `NewJob`)."""
+        return self.job_values(st.NewJob(kind, payload, **options))
 
     def enqueue_on_cursor(self, conn: SyncConn | Engine, values: dict[str, Any]) -> Any:
         """The enqueue on the driver's cursor (`DriverInsert`): an `EnqueueResult`, or
@@ -311,11 +318,16 @@ class JobOps:
         return done, jobs
 
     def heartbeat(
-        self, job_id: uuid.UUID, token: uuid.UUID, options: dict[str, Any]
+        self,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        lease: dt.timedelta | float,
+        worker_id: str | None = None,
     ) -> Op[dt.datetime]:
-        row = (
-            yield st.heartbeat_job(self.table, job_id, token, clock=self.clock, **options)
-        ).first()
+        stmt = st.heartbeat_job(
+            self.table, job_id, token, lease=lease, worker_id=worker_id, clock=self.clock
+        )
+        row = (yield stmt).first()
         if row is None:
             raise LeaseLost("job", job_id, token, action="heartbeat")
         return row[1]  # type: ignore[no-any-return]
@@ -428,18 +440,37 @@ class JobOps:
         )
         return [ReclaimedJob(r[0], JobStatus(r[1]), r[2], r[3]) for r in (yield stmt)]
 
-    def requeue_failed(self, options: dict[str, Any]) -> Op[RetriedJobs]:
-        stmt = st.requeue_failed_jobs(self.table, clock=self.clock, **options)
+    def requeue_failed(
+        self,
+        ids: Sequence[uuid.UUID] | None,
+        kinds: str | Sequence[str] | None,
+        queues: str | Sequence[str] | None,
+        reset_attempts: bool,
+    ) -> Op[RetriedJobs]:
+        stmt = st.requeue_failed_jobs(
+            self.table,
+            ids=ids,
+            kinds=kinds,
+            queues=queues,
+            reset_attempts=reset_attempts,
+            clock=self.clock,
+        )
         retried = [row[0] for row in (yield stmt)]
         skipped: dict[uuid.UUID, uuid.UUID] = {}
         if self.has_unique:  # which failed unique jobs it skipped: their key is held
-            filters = {name: options[name] for name in ("ids", "kinds", "queues")}
-            held = st.select_unique_held_failed_jobs(self.table, **filters)
+            held = st.select_unique_held_failed_jobs(
+                self.table, ids=ids, kinds=kinds, queues=queues
+            )
             skipped = {row[0]: row[1] for row in (yield held)}
         return RetriedJobs(retried, skipped)
 
-    def prune(self, options: dict[str, Any]) -> Op[int]:
-        return (yield st.prune_jobs(self.table, clock=self.clock, **options)).rowcount  # type: ignore[no-any-return]
+    def prune(
+        self, older_than: dt.timedelta | float, statuses: Iterable[JobStatus | str], batch: int
+    ) -> Op[int]:
+        stmt = st.prune_jobs(
+            self.table, older_than=older_than, statuses=statuses, batch=batch, clock=self.clock
+        )
+        return (yield stmt).rowcount  # type: ignore[no-any-return]
 
     def counts(self) -> Op[dict[JobStatus, int]]:
         found = {JobStatus(s): n for s, n in (yield st.count_jobs_by_status(self.table))}

@@ -39,20 +39,20 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Table, select
+from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from .._clock import Clock, DatabaseClock
 from .._exceptions import InvalidArgument, InvalidArgumentType, PayloadNotSerializable
 from .._ids import uuid7_hex
 from .._json import DEEP_TEXT, MAX_DEPTH, prebuilt_encoder
+from .._tracing import current_trace_headers
 from ..statements import NewJob, check_job, is_plain_job
 from ..statements._common import Dumps, now_of, refuse_unstorable
-from ..statements._job_enqueue import has_headers
 from ..statements._job_headers import job_headers_text
 
 if TYPE_CHECKING:
-    from ..ops import AsyncConn, SyncConn
+    from ..ops import AsyncConn, JobOps, SyncConn
 
 __all__ = ["CopyPlan", "copy_jobs_async", "copy_jobs_sync", "plan_copy"]
 
@@ -345,17 +345,24 @@ def _check_driver(dialect: Any) -> None:
         )
 
 
-def copy_jobs_sync(
-    conn: SyncConn,
-    table: Table,
-    jobs: Iterable[NewJob],
-    *,
-    trace_headers: Mapping[str, str] | None = None,
-    clock: Clock | None,
-    dumps: Dumps,
-    max_payload_bytes: int,
-) -> int:
-    """Check ``jobs``, then COPY them in the transaction of ``conn``; returns rows written."""
+def _plan(dialect: Any, ops: JobOps, jobs: Iterable[NewJob]) -> CopyPlan:
+    """`plan_copy` for ``ops``' table, options and the current trace context."""
+    _check_driver(dialect)
+    return plan_copy(
+        jobs,
+        clock=ops.clock,
+        dumps=ops.dumps,
+        max_payload_bytes=ops.max_payload_bytes,
+        quote_table=dialect.identifier_preparer.format_table(ops.table),
+        headers=ops.has_headers,
+        trace_headers=current_trace_headers(),
+    )
+
+
+def copy_jobs_sync(conn: SyncConn, ops: JobOps, jobs: Iterable[NewJob]) -> int:
+    """Check ``jobs``, then COPY them into ``ops``' table in the transaction of ``conn``;
+    returns rows written."""
+    table, clock = ops.table, ops.clock
     if isinstance(conn, Session):
         connection = conn.connection(bind_arguments={"clause": table})
     elif isinstance(conn, Connection):
@@ -364,16 +371,7 @@ def copy_jobs_sync(
         raise InvalidArgumentType(
             f"conn must be a Connection or Session, got {type(conn).__name__}"
         )
-    _check_driver(connection.dialect)
-    plan = plan_copy(
-        jobs,
-        clock=clock,
-        dumps=dumps,
-        max_payload_bytes=max_payload_bytes,
-        quote_table=connection.dialect.identifier_preparer.format_table(table),
-        headers=has_headers(table),
-        trace_headers=trace_headers,
-    )
+    plan = _plan(connection.dialect, ops, jobs)
     if not connection.in_transaction():
         connection.begin()  # what execute() would do: the caller commits or rolls back
     now = connection.execute(select(now_of(clock))).scalar_one() if plan.needs_now else None
@@ -386,17 +384,9 @@ def copy_jobs_sync(
         return int(cursor.rowcount)
 
 
-async def copy_jobs_async(
-    conn: AsyncConn,
-    table: Table,
-    jobs: Iterable[NewJob],
-    *,
-    trace_headers: Mapping[str, str] | None = None,
-    clock: Clock | None,
-    dumps: Dumps,
-    max_payload_bytes: int,
-) -> int:
+async def copy_jobs_async(conn: AsyncConn, ops: JobOps, jobs: Iterable[NewJob]) -> int:
     """`copy_jobs_sync` on an `AsyncConnection` / `AsyncSession`."""
+    table, clock = ops.table, ops.clock
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
     if isinstance(conn, AsyncSession):
@@ -407,16 +397,7 @@ async def copy_jobs_async(
         raise InvalidArgumentType(
             f"conn must be an AsyncConnection or AsyncSession, got {type(conn).__name__}"
         )
-    _check_driver(connection.dialect)
-    plan = plan_copy(
-        jobs,
-        clock=clock,
-        dumps=dumps,
-        max_payload_bytes=max_payload_bytes,
-        quote_table=connection.dialect.identifier_preparer.format_table(table),
-        headers=has_headers(table),
-        trace_headers=trace_headers,
-    )
+    plan = _plan(connection.dialect, ops, jobs)
     if not connection.in_transaction():
         await connection.begin()
     now = None

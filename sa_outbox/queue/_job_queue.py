@@ -13,7 +13,6 @@ from .. import statements as st
 from .._asyncio_ext import is_async_engine
 from .._backoff import Backoff
 from .._clock import Clock
-from .._tracing import current_trace_headers
 from ..ops import ClaimParams, JobOps, SyncConn, arun, run
 from ..ops._cursor import NOT_RUN
 from ..ops._results import (
@@ -122,25 +121,33 @@ class JobQueue(_Base):
             # -> True
             queue.enqueue(engine, "index-book", {"book_id": 8})  # committed already
         """
-        options = {
-            "queue": queue,
-            "priority": priority,
-            "run_at": run_at,
-            "delay": delay,
-            "max_attempts": max_attempts,
-            "deduplication_key": deduplication_key,
-            "headers": headers,
-            "lock_key": lock_key,
-            "unique": unique,
-        }
-        values = self._ops.enqueue_values(kind, payload, options)
+        job = st.NewJob(
+            kind,
+            payload,
+            queue,
+            priority,
+            run_at,
+            delay,
+            max_attempts,
+            deduplication_key,
+            headers,
+            lock_key,
+            unique,
+        )
+        return self.enqueue_one(conn, job)
+
+    def enqueue_one(self, conn: SyncConn | Engine, job: st.NewJob) -> EnqueueResult:
+        """`enqueue` for a job given as a `NewJob`.
+
+        Examples:
+            queue.enqueue_one(conn, NewJob("index-book", {"book_id": 7}, priority=5)).inserted
+            # -> True
+        """
+        values = self._ops.job_values(job)
         result = self._ops.enqueue_on_cursor(conn, values)
         if result is not NOT_RUN:
             return cast(EnqueueResult, result)
-        op = self._ops.enqueue(values)
-        if isinstance(conn, Engine):
-            return run(conn, op, autocommit=True)
-        return run(conn, op)
+        return run(conn, self._ops.enqueue(values), autocommit=isinstance(conn, Engine))
 
     def enqueue_many(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
         """Add many jobs in one statement; results come in input order.
@@ -169,16 +176,7 @@ class JobQueue(_Base):
             queue.enqueue_copy(conn, [NewJob("resize", {"image": n}) for n in range(1000)])
             # -> 1000
         """
-        ops = self._ops
-        return copy_jobs_sync(
-            conn,
-            ops.table,
-            jobs,
-            trace_headers=current_trace_headers(),
-            clock=ops.clock,
-            dumps=ops.dumps,
-            max_payload_bytes=ops.max_payload_bytes,
-        )
+        return copy_jobs_sync(conn, self._ops, jobs)
 
     def claim(
         self,
@@ -201,14 +199,7 @@ class JobQueue(_Base):
         Examples:
             jobs = queue.claim(conn, worker_id="w1", batch=20)
         """
-        params = ClaimParams(
-            worker_id=worker_id,
-            batch=batch,
-            lease=lease,
-            queues=queues,
-            kinds=kinds,
-            limits=limits,
-        )
+        params = ClaimParams(worker_id, batch, lease, queues, kinds, limits=limits)
         return run(conn, self._ops.claim(params))
 
     def heartbeat(
@@ -225,8 +216,7 @@ class JobQueue(_Base):
         Examples:
             queue.heartbeat(conn, job.id, job.lease_token, lease=30)
         """
-        options = {"lease": lease, "worker_id": worker_id}
-        return run(conn, self._ops.heartbeat(job_id, token, options))
+        return run(conn, self._ops.heartbeat(job_id, token, lease, worker_id))
 
     def heartbeat_many(
         self, conn: SyncConn, pairs: Pairs, *, lease: dt.timedelta | float = st.DEFAULT_LEASE
@@ -328,8 +318,7 @@ class JobQueue(_Base):
         Examples:
             queue.requeue_failed(conn, kinds="send-email")
         """
-        options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
-        return run(conn, self._ops.requeue_failed(options))
+        return run(conn, self._ops.requeue_failed(ids, kinds, queues, reset_attempts))
 
     def cancel(
         self, conn: SyncConn, ids: Iterable[uuid.UUID | str] | uuid.UUID | str
@@ -364,8 +353,7 @@ class JobQueue(_Base):
             queue.prune(conn, older_than=dt.timedelta(days=7))
             # -> 0
         """
-        options = {"older_than": older_than, "statuses": statuses, "batch": batch}
-        return run(conn, self._ops.prune(options))
+        return run(conn, self._ops.prune(older_than, statuses, batch))
 
     def counts(self, conn: SyncConn) -> dict[JobStatus, int]:
         """How many jobs are in each status (every status present, zero included).
@@ -407,18 +395,24 @@ class AsyncJobQueue(_Base):
         Examples:
             await queue.enqueue(async_engine, "index-book", {"book_id": 8})
         """
-        options = {
-            "queue": queue,
-            "priority": priority,
-            "run_at": run_at,
-            "delay": delay,
-            "max_attempts": max_attempts,
-            "deduplication_key": deduplication_key,
-            "headers": headers,
-            "lock_key": lock_key,
-            "unique": unique,
-        }
-        op = self._ops.enqueue(self._ops.enqueue_values(kind, payload, options))
+        job = st.NewJob(
+            kind,
+            payload,
+            queue,
+            priority,
+            run_at,
+            delay,
+            max_attempts,
+            deduplication_key,
+            headers,
+            lock_key,
+            unique,
+        )
+        return await self.enqueue_one(conn, job)
+
+    async def enqueue_one(self, conn: AsyncConn | AsyncEngine, job: st.NewJob) -> EnqueueResult:
+        """See `JobQueue.enqueue_one`; given the `AsyncEngine`, one autocommit ``INSERT``."""
+        op = self._ops.enqueue(self._ops.job_values(job))
         if is_async_engine(conn):
             return await arun(conn, op, autocommit=True)
         return await arun(cast("AsyncConn", conn), op)
@@ -429,16 +423,7 @@ class AsyncJobQueue(_Base):
 
     async def enqueue_copy(self, conn: AsyncConn, jobs: Iterable[st.NewJob]) -> int:
         """See `JobQueue.enqueue_copy`."""
-        ops = self._ops
-        return await copy_jobs_async(
-            conn,
-            ops.table,
-            jobs,
-            trace_headers=current_trace_headers(),
-            clock=ops.clock,
-            dumps=ops.dumps,
-            max_payload_bytes=ops.max_payload_bytes,
-        )
+        return await copy_jobs_async(conn, self._ops, jobs)
 
     async def claim(
         self,
@@ -452,14 +437,7 @@ class AsyncJobQueue(_Base):
         limits: st.ClaimLimits | None = None,
     ) -> list[ClaimedJob]:
         """See `JobQueue.claim`."""
-        params = ClaimParams(
-            worker_id=worker_id,
-            batch=batch,
-            lease=lease,
-            queues=queues,
-            kinds=kinds,
-            limits=limits,
-        )
+        params = ClaimParams(worker_id, batch, lease, queues, kinds, limits=limits)
         return await arun(conn, self._ops.claim(params))
 
     async def heartbeat(
@@ -472,8 +450,7 @@ class AsyncJobQueue(_Base):
         worker_id: str | None = None,
     ) -> dt.datetime:
         """See `JobQueue.heartbeat`."""
-        options = {"lease": lease, "worker_id": worker_id}
-        return await arun(conn, self._ops.heartbeat(job_id, token, options))
+        return await arun(conn, self._ops.heartbeat(job_id, token, lease, worker_id))
 
     async def heartbeat_many(
         self, conn: AsyncConn, pairs: Pairs, *, lease: dt.timedelta | float = st.DEFAULT_LEASE
@@ -529,8 +506,7 @@ class AsyncJobQueue(_Base):
         reset_attempts: bool = True,
     ) -> RetriedJobs:
         """See `JobQueue.requeue_failed`."""
-        options = {"ids": ids, "kinds": kinds, "queues": queues, "reset_attempts": reset_attempts}
-        return await arun(conn, self._ops.requeue_failed(options))
+        return await arun(conn, self._ops.requeue_failed(ids, kinds, queues, reset_attempts))
 
     async def cancel(
         self, conn: AsyncConn, ids: Iterable[uuid.UUID | str] | uuid.UUID | str
@@ -547,8 +523,7 @@ class AsyncJobQueue(_Base):
         batch: int = 1000,
     ) -> int:
         """See `JobQueue.prune`."""
-        options = {"older_than": older_than, "statuses": statuses, "batch": batch}
-        return await arun(conn, self._ops.prune(options))
+        return await arun(conn, self._ops.prune(older_than, statuses, batch))
 
     async def counts(self, conn: AsyncConn) -> dict[JobStatus, int]:
         """See `JobQueue.counts`."""

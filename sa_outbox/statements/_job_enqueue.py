@@ -1,5 +1,6 @@
 """Statements that add one job: `enqueue_job`, and the template every job of a queue shares
-(`enqueue_job_template`, `enqueue_job_values`) (article, section 3).
+(`enqueue_job_template`, and its values: `job_template_values` for a `NewJob`, which
+`enqueue_job_values` builds from its keywords) (article, section 3).
 
 What the optional columns of a job table change in an ``INSERT`` (``headers``,
 ``lock_key``, the unique columns, the ``ON CONFLICT``) is here too, for `enqueue_jobs`
@@ -388,18 +389,53 @@ def enqueue_job_values(
         >>> values["job_payload"], values["job_delay"]
         ('{"book_id":1}', datetime.timedelta(seconds=30))
     """
+    job = NewJob(
+        kind,
+        payload,
+        queue,
+        priority,
+        run_at,
+        delay,
+        max_attempts,
+        deduplication_key,
+        headers,
+        lock_key,
+        unique,
+    )
+    return job_template_values(
+        job, trace_headers=trace_headers, dumps=dumps, max_payload_bytes=max_payload_bytes
+    )
+
+
+def job_template_values(
+    job: NewJob,
+    *,
+    trace_headers: Mapping[str, str] | None = None,
+    dumps: Dumps = compact_json,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> dict[str, Any]:
+    """`enqueue_job_values` for a `NewJob`: the values of `enqueue_job_template`'s
+    parameters, checked (bad input raises here), with a new id.
+
+    Examples:
+        >>> values = job_template_values(NewJob("index-book", {"book_id": 1}, priority=3))
+        >>> values["job_payload"], values["job_priority"]
+        ('{"book_id":1}', 3)
+    """
+    kind, queue, priority, attempts = job.kind, job.queue, job.priority, job.max_attempts
+    deduplication_key, headers = job.deduplication_key, job.headers
     if (  # the usual job, accepted by identity and type tests alone (as `is_plain_job`)
         is_name(kind)
         and is_name(queue)
         and type(priority) is int
         and -_MAX_INT <= priority <= _MAX_INT
-        and type(max_attempts) is int
-        and 1 <= max_attempts <= _MAX_INT
-        and run_at is None
-        and delay is None
+        and type(attempts) is int
+        and 1 <= attempts <= _MAX_INT
+        and job.run_at is None
+        and job.delay is None
         and (deduplication_key is None or type(deduplication_key) is str)
-        and lock_key is None
-        and unique is None
+        and job.lock_key is None
+        and job.unique is None
     ):
         if deduplication_key is not None:
             deduplication_key = optional_key(
@@ -409,50 +445,35 @@ def enqueue_job_values(
             "job_id": uuid7(),
             "job_queue": queue,
             "job_kind": kind,
-            "job_payload": serialise(payload, f"job kind {kind!r}", dumps, max_payload_bytes),
+            "job_payload": serialise(job.payload, f"job kind {kind!r}", dumps, max_payload_bytes),
             "job_priority": priority,
             "job_run_at": None,
             "job_delay": _ZERO,
-            "job_max_attempts": max_attempts,
+            "job_max_attempts": attempts,
             "job_deduplication_key": deduplication_key,
             "job_headers": None
             if headers is None and trace_headers is None
             else job_headers_text(headers, trace_headers, f"job kind {kind!r}"),
             "job_lock_key": None,
         }
-    job = check_job(
-        NewJob(
-            kind,
-            payload,
-            queue,
-            priority,
-            run_at,
-            delay,
-            max_attempts,
-            deduplication_key,
-            headers,
-            lock_key,
-            unique,
-        ),
-        dumps=dumps,
-        max_payload_bytes=max_payload_bytes,
-        trace_headers=trace_headers,
+    checked = check_job(
+        job, dumps=dumps, max_payload_bytes=max_payload_bytes, trace_headers=trace_headers
     )
     values = {
-        "job_id": job.id,
-        "job_queue": job.queue,
-        "job_kind": job.kind,
-        "job_payload": job.payload,
-        "job_priority": job.priority,
-        "job_run_at": job.run_at,
-        "job_delay": _ZERO if job.delay is None else job.delay,
-        "job_max_attempts": job.max_attempts,
-        "job_deduplication_key": job.deduplication_key,
-        "job_headers": job.headers,
-        "job_lock_key": job.lock_key,
+        "job_id": checked.id,
+        "job_queue": checked.queue,
+        "job_kind": checked.kind,
+        "job_payload": checked.payload,
+        "job_priority": checked.priority,
+        "job_run_at": checked.run_at,
+        "job_delay": _ZERO if checked.delay is None else checked.delay,
+        "job_max_attempts": checked.max_attempts,
+        "job_deduplication_key": checked.deduplication_key,
+        "job_headers": checked.headers,
+        "job_lock_key": checked.lock_key,
     }
-    if job.unique is not None:
-        digest, period, states = job.unique
+    if checked.unique is not None:
+        digest, period, states = checked.unique
         values["job_unique_digest"] = digest
         values["job_unique_period"] = period
         values["job_unique_states"] = states
