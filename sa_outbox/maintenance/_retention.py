@@ -23,7 +23,7 @@ import dataclasses
 import datetime as dt
 import functools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .. import statements as st
 from .._clock import Clock
@@ -31,6 +31,7 @@ from .._connect_args import harden
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._pooler import prepare_for_pooler
 from .._validation import count, duration
+from ..ops import COMMIT, BoundOp, arun, run
 from ..schema import JobStatus, resolve_table
 from ..statements._inbox import inbox_table
 
@@ -127,15 +128,22 @@ class _Task:
     delete: Callable[[], Executable]  # built per batch: a FakeClock's "now" is read then
 
 
-class _Base:
+E = TypeVar("E", "Engine", "AsyncEngine")
+
+
+class _Base(Generic[E]):
+    """What `Pruner` and `AsyncPruner` share: the constructor and the round, an operation
+    that each drives on its own engine's connection."""
+
     def __init__(
         self,
+        engine: E,
         *,
-        jobs: object | None,
-        outbox: object | None,
-        retention: Retention | None,
-        clock: Clock | None,
-        progress: Progress | None,
+        jobs: object | None = None,
+        outbox: object | None = None,
+        retention: Retention | None = None,
+        clock: Clock | None = None,
+        progress: Progress | None = None,
         inbox: object | None = None,
     ) -> None:
         if jobs is None and outbox is None and inbox is None:
@@ -153,6 +161,9 @@ class _Base:
         self.retention = retention
         self.clock = clock
         self.progress = progress
+        self.engine: E = engine
+        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
 
     def _tasks(self) -> Iterator[_Task]:
         r = self.retention
@@ -183,6 +194,25 @@ class _Base:
             )
             yield _Task(self.inbox.fullname, "inbox", st.prune_lock(self.inbox), delete)
 
+    def _round(self) -> BoundOp[PruneReport]:
+        # Each batch is a transaction of its own, committed before it is recorded: the lock
+        # is transaction-level, and progress() hears only of committed batches.
+        report = PruneReport()
+        for task in self._tasks():
+            if task.table in report.skipped:
+                continue
+            while True:
+                if not (yield task.lock).scalar():
+                    yield COMMIT
+                    report.skipped.append(task.table)
+                    break
+                deleted = (yield task.delete()).rowcount
+                yield COMMIT
+                self._record(report, task, deleted)
+                if deleted < self.retention.batch:
+                    break
+        return report
+
     def _record(self, report: PruneReport, task: _Task, deleted: int) -> None:
         setattr(report, task.what, getattr(report, task.what) + deleted)
         report.batches += 1
@@ -190,7 +220,7 @@ class _Base:
             self.progress(task.table, task.what, deleted, report)
 
 
-class Pruner(_Base):
+class Pruner(_Base["Engine"]):
     """Prune finished jobs, published events and old inbox entries in small transactions,
     one pruner per table at a time.
 
@@ -206,48 +236,13 @@ class Pruner(_Base):
         Pruner(engine, inbox=InboxEntry, retention=Retention(inbox=14 * 86400)).run_once()
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        jobs: object | None = None,
-        outbox: object | None = None,
-        retention: Retention | None = None,
-        clock: Clock | None = None,
-        progress: Progress | None = None,
-        inbox: object | None = None,
-    ) -> None:
-        super().__init__(
-            jobs=jobs,
-            outbox=outbox,
-            retention=retention,
-            clock=clock,
-            progress=progress,
-            inbox=inbox,
-        )
-        self.engine = engine
-        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
-        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
-
     def run_once(self) -> PruneReport:
         """One round: every batch due now; returns what was deleted."""
-        report = PruneReport()
-        for task in self._tasks():
-            if task.table in report.skipped:
-                continue
-            while True:
-                with self.engine.begin() as conn:
-                    if not conn.execute(task.lock).scalar():
-                        report.skipped.append(task.table)
-                        break
-                    deleted = conn.execute(task.delete()).rowcount
-                self._record(report, task, deleted)
-                if deleted < self.retention.batch:
-                    break
-        return report
+        with self.engine.connect() as conn:
+            return run(conn, self._round())
 
 
-class AsyncPruner(_Base):
+class AsyncPruner(_Base["AsyncEngine"]):
     """`Pruner` for asyncio, on an `AsyncEngine`.
 
     Examples:
@@ -255,42 +250,7 @@ class AsyncPruner(_Base):
         report = await pruner.run_once()
     """
 
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        *,
-        jobs: object | None = None,
-        outbox: object | None = None,
-        retention: Retention | None = None,
-        clock: Clock | None = None,
-        progress: Progress | None = None,
-        inbox: object | None = None,
-    ) -> None:
-        super().__init__(
-            jobs=jobs,
-            outbox=outbox,
-            retention=retention,
-            clock=clock,
-            progress=progress,
-            inbox=inbox,
-        )
-        self.engine = engine
-        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
-        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
-
     async def run_once(self) -> PruneReport:
         """See `Pruner.run_once`."""
-        report = PruneReport()
-        for task in self._tasks():
-            if task.table in report.skipped:
-                continue
-            while True:
-                async with self.engine.begin() as conn:
-                    if not (await conn.execute(task.lock)).scalar():
-                        report.skipped.append(task.table)
-                        break
-                    deleted = (await conn.execute(task.delete())).rowcount
-                self._record(report, task, deleted)
-                if deleted < self.retention.batch:
-                    break
-        return report
+        async with self.engine.connect() as conn:
+            return await arun(conn, self._round())

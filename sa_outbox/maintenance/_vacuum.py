@@ -25,13 +25,14 @@ import dataclasses
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import statements as st
 from .._connect_args import harden
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._pooler import prepare_for_pooler
 from .._validation import count, duration
+from ..ops import Op, arun, run
 from ..schema import resolve_table
 
 if TYPE_CHECKING:
@@ -123,9 +124,20 @@ class _Candidate:
         return f"{self.schema}.{self.name}"
 
 
-class _Base:
+E = TypeVar("E", "Engine", "AsyncEngine")
+
+
+class _Base(Generic[E]):
+    """What `Vacuumer` and `AsyncVacuumer` share: the constructor and the round, an operation
+    that each drives on an autocommit connection of its engine."""
+
     def __init__(
-        self, target: object, policy: VacuumPolicy | None, timer: Callable[[], float]
+        self,
+        engine: E,
+        target: object,
+        policy: VacuumPolicy | None = None,
+        *,
+        timer: Callable[[], float] = time.monotonic,
     ) -> None:
         policy = VacuumPolicy() if policy is None else policy
         if not isinstance(policy, VacuumPolicy):
@@ -134,6 +146,9 @@ class _Base:
         self.policy = policy
         self._timer = timer
         self._next_check: float | None = None
+        self.engine: E = engine
+        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
+        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
 
     def due(self) -> bool:
         """Whether ``interval`` has passed since the last round (always true at first).
@@ -142,6 +157,14 @@ class _Base:
             vacuumer.due() and vacuumer.run_once()
         """
         return self._next_check is None or self._timer() >= self._next_check
+
+    def _round(self) -> Op[VacuumReport]:
+        report = VacuumReport()
+        rows = (yield st.vacuum_candidates(self.table)).all()
+        for candidate in self._plan(rows, report):
+            yield st.vacuum_table(candidate.schema, candidate.name)
+            self._record(report, candidate)
+        return report
 
     def _plan(self, rows: Sequence[Any], report: VacuumReport) -> list[_Candidate]:
         self._next_check = self._timer() + self.policy.interval_seconds
@@ -162,7 +185,7 @@ class _Base:
         report.dead_tuples[candidate.qualified] = candidate.dead_tuples
 
 
-class Vacuumer(_Base):
+class Vacuumer(_Base["Engine"]):
     """Vacuum a job or outbox table (each of its partitions) once it has enough dead tuples.
 
     ``run_once`` checks now; `due` says whether ``policy.interval`` has passed, for a loop
@@ -174,32 +197,12 @@ class Vacuumer(_Base):
             report = vacuumer.run_once()
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        target: object,
-        policy: VacuumPolicy | None = None,
-        *,
-        timer: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(target, policy, timer)
-        self.engine = engine
-        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
-        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
-
     def run_once(self) -> VacuumReport:
         """Read the dead-tuple counts and vacuum what is past the threshold."""
-        report = VacuumReport()
-        with self.engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            rows = conn.execute(st.vacuum_candidates(self.table)).all()
-            for candidate in self._plan(rows, report):
-                conn.execute(st.vacuum_table(candidate.schema, candidate.name))
-                self._record(report, candidate)
-        return report
+        return run(self.engine, self._round(), autocommit=True)
 
 
-class AsyncVacuumer(_Base):
+class AsyncVacuumer(_Base["AsyncEngine"]):
     """`Vacuumer` for asyncio, on an `AsyncEngine`.
 
     Examples:
@@ -207,26 +210,6 @@ class AsyncVacuumer(_Base):
         report = await vacuumer.run_once()
     """
 
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        target: object,
-        policy: VacuumPolicy | None = None,
-        *,
-        timer: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(target, policy, timer)
-        self.engine = engine
-        harden(engine)  # bounded client-side timeouts (see sa_outbox.connect_args)
-        prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
-
     async def run_once(self) -> VacuumReport:
         """See `Vacuumer.run_once`."""
-        report = VacuumReport()
-        async with self.engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            rows = (await conn.execute(st.vacuum_candidates(self.table))).all()
-            for candidate in self._plan(rows, report):
-                await conn.execute(st.vacuum_table(candidate.schema, candidate.name))
-                self._record(report, candidate)
-        return report
+        return await arun(self.engine, self._round(), autocommit=True)

@@ -86,12 +86,8 @@ class WakePipe:
                 os.close(fd)
 
 
-class SyncListener:
-    """A LISTENing psycopg connection for `Relay`; `wait` returns on a notification.
-
-    Examples:
-        listener = SyncListener.open(engine, ops)  # None when the driver is not psycopg
-    """
+class _Base:
+    """What `SyncListener` and `AsyncListener` share: the connection and its probe."""
 
     def __init__(self, connection: Any, probe: NotifyProbe | None = None) -> None:
         self._connection = connection
@@ -102,11 +98,19 @@ class SyncListener:
         overdue (notifications cannot arrive).
 
         Examples:
-            listener.wait(timeout, wake)
+            listener.wait(timeout, wake)   # await listener.wait(timeout, stopping)
             if listener.deaf():
                 LOGGER.warning(DEAF_WARNING, relay.name, timeout)
         """
         return self._probe is not None and self._probe.expired()
+
+
+class SyncListener(_Base):
+    """A LISTENing psycopg connection for `Relay`; `wait` returns on a notification.
+
+    Examples:
+        listener = SyncListener.open(engine, ops)  # None when the driver is not psycopg
+    """
 
     @classmethod
     def open(
@@ -164,27 +168,12 @@ class SyncListener:
             self._connection.close()
 
 
-class AsyncListener:
+class AsyncListener(_Base):
     """A LISTENing psycopg async connection for `AsyncRelay`.
 
     Examples:
         listener = await AsyncListener.open(async_engine, ops)
     """
-
-    def __init__(self, connection: Any, probe: NotifyProbe | None = None) -> None:
-        self._connection = connection
-        self._probe = probe
-
-    def deaf(self) -> bool:
-        """True once: the connection goes through a pooler and its test notification is
-        overdue (notifications cannot arrive).
-
-        Examples:
-            await listener.wait(timeout, stopping)
-            if listener.deaf():
-                LOGGER.warning(DEAF_WARNING, relay.name, timeout)
-        """
-        return self._probe is not None and self._probe.expired()
 
     @classmethod
     async def open(

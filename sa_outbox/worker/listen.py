@@ -27,7 +27,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import tenacity
 
@@ -49,7 +49,78 @@ def _backoff(attempt: int) -> float:
     return float(DEFAULT_RECONNECT_WAIT(state))
 
 
-class Listener:
+class _Flag(Protocol):
+    """What the shared code needs of a `threading.Event` or an `asyncio.Event`."""
+
+    def is_set(self) -> bool: ...
+    def set(self) -> None: ...
+    def clear(self) -> None: ...
+
+
+class _Base:
+    """What `Listener` and `AsyncListener` share: the callbacks, and what to do with a
+    notification, a silent wait, a deaf connection and a failure; each keeps its I/O."""
+
+    deaf: _Flag
+    listening: _Flag
+
+    def __init__(
+        self,
+        on_notify: Callable[[str], None],
+        on_connect: Callable[[], None],
+        on_deaf: Callable[[], None],
+    ) -> None:
+        self._on_notify = on_notify
+        self._on_connect = on_connect
+        self._on_deaf = on_deaf
+
+    def _listening_now(self) -> None:
+        if not self.deaf.is_set():
+            self.listening.set()
+        self._on_connect()
+
+    @staticmethod
+    def _timeout(probe: NotifyProbe | None) -> float:
+        return probe.timeout(KEEPALIVE_SECONDS) if probe else KEEPALIVE_SECONDS
+
+    def _notified(self, probe: NotifyProbe | None, notify: Any) -> None:
+        if probe is not None and probe.seen(notify.channel):
+            self._heard_after_all()
+        else:
+            self._on_notify(notify.payload)
+
+    def _check_after(self, probe: NotifyProbe | None, silent: bool) -> bool:
+        """After a wait: whether to check the connection (it stayed silent)."""
+        if probe is not None and probe.expired():
+            self._deaf()
+            return False
+        return silent
+
+    @staticmethod
+    def _retry_wait(exc: Exception, attempt: int) -> float:
+        wait = _backoff(attempt)
+        log.warning(
+            "listener connection failed (%s: %s); polling until it reconnects in %.2f s",
+            type(exc).__name__,
+            str(exc).strip().splitlines()[0] if str(exc) else "",
+            wait,
+        )
+        return wait
+
+    def _deaf(self) -> None:
+        self.listening.clear()
+        if not self.deaf.is_set():
+            self.deaf.set()
+            self._on_deaf()
+
+    def _heard_after_all(self) -> None:
+        if self.deaf.is_set():
+            log.info("a test notification arrived late after all: listening")
+            self.deaf.clear()
+        self.listening.set()
+
+
+class Listener(_Base):
     """A thread that LISTENs on a channel and calls back for each notification.
 
     ``connect`` returns a new psycopg connection; ``channel`` returns the channel name (it
@@ -61,6 +132,9 @@ class Listener:
         listener = Listener(connect, lambda: "public.jobs", on_notify=worker_wake)
         listener.start()
     """
+
+    deaf: threading.Event
+    listening: threading.Event
 
     def __init__(
         self,
@@ -74,12 +148,10 @@ class Listener:
         probe: Callable[[str], None] | None = None,
         on_deaf: Callable[[], None] = lambda: None,
     ) -> None:
+        super().__init__(on_notify, on_connect, on_deaf)
         self._connect = connect
         self._channel = channel
-        self._on_notify = on_notify
-        self._on_connect = on_connect
         self._probe = probe
-        self._on_deaf = on_deaf
         #: Set when the connection goes through a pooler and no test notification arrived.
         self.deaf = threading.Event()
         self._stopped = threading.Event()
@@ -124,35 +196,20 @@ class Listener:
                 conn.execute(listen_sql(channel))  # last: pg_stat_activity shows it
                 attempt = 0
                 log.debug("listening on channel %r", channel)
-                if not self.deaf.is_set():
-                    self.listening.set()
-                self._on_connect()
+                self._listening_now()
                 while not self._stopped.is_set():
                     silent = True
-                    timeout = probe.timeout(KEEPALIVE_SECONDS) if probe else KEEPALIVE_SECONDS
-                    for notify in conn.notifies(timeout=timeout):
+                    for notify in conn.notifies(timeout=self._timeout(probe)):
                         silent = False
-                        if probe is not None and probe.seen(notify.channel):
-                            self._heard_after_all()
-                            continue
-                        self._on_notify(notify.payload)
-                    if probe is not None and probe.expired():
-                        self._deaf()
-                    elif silent and not self._stopped.is_set():
+                        self._notified(probe, notify)
+                    if self._check_after(probe, silent) and not self._stopped.is_set():
                         conn.execute("SELECT 1")
             except Exception as exc:
                 self.listening.clear()
                 if self._stopped.is_set():
                     return
                 attempt += 1
-                wait = _backoff(attempt)
-                log.warning(
-                    "listener connection failed (%s: %s); polling until it reconnects in %.2f s",
-                    type(exc).__name__,
-                    str(exc).strip().splitlines()[0] if str(exc) else "",
-                    wait,
-                )
-                self._stopped.wait(wait)
+                self._stopped.wait(self._retry_wait(exc, attempt))
             finally:
                 with self._lock:
                     self._conn = None
@@ -169,20 +226,8 @@ class Listener:
         probe.start()
         return probe
 
-    def _deaf(self) -> None:
-        self.listening.clear()
-        if not self.deaf.is_set():
-            self.deaf.set()
-            self._on_deaf()
 
-    def _heard_after_all(self) -> None:
-        if self.deaf.is_set():
-            log.info("a test notification arrived late after all: listening")
-            self.deaf.clear()
-        self.listening.set()
-
-
-class AsyncListener:
+class AsyncListener(_Base):
     """`Listener` as an asyncio task, on a psycopg ``AsyncConnection``.
 
     Examples:
@@ -191,6 +236,9 @@ class AsyncListener:
         ...
         await listener.stop()
     """
+
+    deaf: asyncio.Event
+    listening: asyncio.Event
 
     def __init__(
         self,
@@ -203,12 +251,10 @@ class AsyncListener:
         probe: Callable[[str], Awaitable[None]] | None = None,
         on_deaf: Callable[[], None] = lambda: None,
     ) -> None:
+        super().__init__(on_notify, on_connect, on_deaf)
         self._connect = connect
         self._channel = channel
-        self._on_notify = on_notify
-        self._on_connect = on_connect
         self._probe = probe
-        self._on_deaf = on_deaf
         #: Set when the connection goes through a pooler and no test notification arrived.
         self.deaf = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -241,35 +287,20 @@ class AsyncListener:
                 probe = await self._start_probe(conn)
                 await conn.execute(listen_sql(channel))  # last: pg_stat_activity shows it
                 attempt = 0
-                if not self.deaf.is_set():
-                    self.listening.set()
-                self._on_connect()
+                self._listening_now()
                 while True:
                     silent = True
-                    timeout = probe.timeout(KEEPALIVE_SECONDS) if probe else KEEPALIVE_SECONDS
-                    async for notify in conn.notifies(timeout=timeout):
+                    async for notify in conn.notifies(timeout=self._timeout(probe)):
                         silent = False
-                        if probe is not None and probe.seen(notify.channel):
-                            self._heard_after_all()
-                            continue
-                        self._on_notify(notify.payload)
-                    if probe is not None and probe.expired():
-                        self._deaf()
-                    elif silent:
+                        self._notified(probe, notify)
+                    if self._check_after(probe, silent):
                         await conn.execute("SELECT 1")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.listening.clear()
                 attempt += 1
-                wait = _backoff(attempt)
-                log.warning(
-                    "listener connection failed (%s: %s); polling until it reconnects in %.2f s",
-                    type(exc).__name__,
-                    str(exc).strip().splitlines()[0] if str(exc) else "",
-                    wait,
-                )
-                await asyncio.sleep(wait)
+                await asyncio.sleep(self._retry_wait(exc, attempt))
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -283,15 +314,3 @@ class AsyncListener:
         await self._probe(probe.channel)
         probe.start()
         return probe
-
-    def _deaf(self) -> None:
-        self.listening.clear()
-        if not self.deaf.is_set():
-            self.deaf.set()
-            self._on_deaf()
-
-    def _heard_after_all(self) -> None:
-        if self.deaf.is_set():
-            log.info("a test notification arrived late after all: listening")
-            self.deaf.clear()
-        self.listening.set()
