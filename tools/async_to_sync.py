@@ -3,7 +3,7 @@
 
 The asyncio side is written by hand; its synchronous twin is generated from it, so the two
 cannot drift apart. ``CONVERSIONS`` lists the pairs (today: ``sa_outbox/relay/_async.py`` →
-``_sync.py``). Run from anywhere in the clone:
+``_sync.py`` and ``sa_outbox/worker/aio.py`` → ``sync.py``). Run from anywhere in the clone:
 
     python tools/async_to_sync.py            # rewrite every generated file
     python tools/async_to_sync.py --check    # exit 1 and print a diff if one is stale
@@ -139,6 +139,57 @@ CONVERSIONS = [
             "asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, relay.stop)": (
                 "signal.signal(signal.SIGTERM, lambda *_: relay.stop())"
             ),
+        },
+    ),
+    Conversion(
+        "sa_outbox/worker/aio.py",
+        "sa_outbox/worker/sync.py",
+        names={
+            "AsyncWorker": "Worker",
+            "AsyncHeldConnection": "HeldConnection",
+            "AsyncListener": "Listener",
+            "AsyncPruner": "Pruner",
+            "AsyncReclaimer": "Reclaimer",
+            "async_call_retrying": "call_retrying",
+            # the twins of sa_outbox/worker/_runtime.py
+            "AsyncGate": "Gate",
+            "AsyncGrace": "Grace",
+            "AsyncHandlers": "Handlers",
+            "AsyncKeeper": "Keeper",
+            "AsyncRunner": "Runner",
+            "async_open_listener": "open_listener",
+            "async_pool_connection": "pool_connection",
+            "async_wait_event": "wait_event",
+            "require_async_engine": "require_engine",
+        },
+        # Events are all of asyncio the worker uses itself (the rest is in _runtime.py).
+        dotted={"asyncio": "threading", "self.engine.sync_engine": "self.engine"},
+        text={
+            "`AsyncWorker`: the job queue's runtime on asyncio, over an `AsyncEngine` "
+            "(psycopg).\n\nThe same logic as `Worker` (`sa_outbox.worker._core`), driven by one "
+            "event loop: ``async\ndef`` handlers run as tasks (``concurrency`` at a time), "
+            "plain functions in a pool of\n``concurrency`` daemon threads.": "`Worker`: the "
+            "job queue's runtime on threads, over a sync SQLAlchemy `Engine`.\n\nOne loop "
+            "thread claims and writes; ``concurrency`` handler threads run the jobs outside "
+            "any\ntransaction; a keeper thread sends the heartbeats and runs the reclaimer; a "
+            "listener thread\nholds a ``LISTEN`` connection. The loop writes the results of "
+            "finished jobs (completions as\none batched statement, retries, failures, "
+            "follow-up jobs) and claims the next batch in one\ntransaction: one commit per "
+            "batch, not per job.",
+            "Run the jobs of a `JobApp` on asyncio": "Run the jobs of a `JobApp` with threads",
+            "``async def`` handlers run as tasks of the worker's loop; a timeout cancels the "
+            "task\n    (``asyncio.CancelledError`` inside the handler), so does the end of the "
+            "grace period.\n    Plain (sync) handlers run in threads, where, as in `Worker`, a "
+            "timeout cancels the job's\n    token. Signals (SIGTERM, SIGINT) are handled when "
+            "`run` runs in the main thread.\n\n    ": "",
+            "(``now=True``: skip the grace period).\n\n        Call it from the worker's event "
+            "loop (``loop.call_soon_threadsafe(worker.stop)``\n        from another thread)."
+            "\n\n        Examples:\n            asyncio.get_running_loop().call_later(60, "
+            "worker.stop)\n            await worker.run()": "(``now=True``: skip the grace "
+            "period). Thread-safe.\n\n        Examples:\n            threading.Timer(60, "
+            "worker.stop).start()\n            worker.run()  # returns after a minute, and the "
+            "grace period",
+            "(a second signal, or the end of the grace period); ": "(a second signal); ",
         },
     ),
     Conversion(

@@ -148,7 +148,13 @@ class DriverBase(abc.ABC, Generic[E]):
 
     #: The driver's name in messages ("Worker", "AsyncWorker").
     name: ClassVar[str]
-    _hard_stop: Any  # a threading.Event or an asyncio.Event: both have is_set()
+    # The driver's own parts (see ``_runtime``): a threading.Event or an asyncio.Event…
+    _hard_stop: Any
+    _gate: Any
+    _held: Any
+    _runner: Any
+    _keeper: Any
+    listening: Any
 
     def __init__(
         self,
@@ -244,6 +250,12 @@ class DriverBase(abc.ABC, Generic[E]):
         self._in_database = False
         self._connected = False
         self._startup_timeout = seconds(startup_timeout, "startup_timeout", allow_zero=True)
+        # What the loop and the keeper wait on, since when (time.monotonic()), for the log
+        # and the grace period's watch.
+        self._db_since: float | None = None
+        self._db_operation = ""
+        self._chore_since: float | None = None
+        self._chore = ""
         self._setup(clock=clock, metrics=metrics, retention=retention, vacuum=vacuum)
         self._next_prune = None if retention is None else timer() + self._prune_wait(retention)
         if not isinstance(schedules, bool):
@@ -434,6 +446,37 @@ class DriverBase(abc.ABC, Generic[E]):
             self.name,
             self.worker_id,
             self.settings.poll_interval,
+        )
+
+    def _notified(self, payload: str) -> None:
+        with self._gate:
+            if self.core.on_notify(payload):
+                self._gate.notify_all()
+
+    def _listening(self) -> None:
+        with self._gate:
+            self.core.wake()  # what was sent while nobody listened is lost: claim now
+            self._gate.notify_all()
+
+    def _listener_callbacks(self) -> dict[str, Any]:
+        """What the LISTEN connection calls back (`Listener`'s keyword arguments)."""
+        return {
+            "on_notify": self._notified,
+            "on_connect": self._listening,
+            "listening": self.listening,
+            "on_deaf": self._warn_deaf,
+        }
+
+    def _log_broken(self, waited: float, where: str, done: str) -> None:
+        """The grace period is over and a statement the loop waited on was broken."""
+        log.warning(
+            "%s %s: grace period over; its loop still waited on a statement (%s, %.1f s) on %s: %s",
+            self.name,
+            self.worker_id,
+            self._db_operation,
+            waited,
+            where,
+            done,
         )
 
     def _request_stop(self, now: bool) -> None:

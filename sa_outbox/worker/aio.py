@@ -1,34 +1,30 @@
+# The source of sync.py (Worker): after an edit here or in _runtime.py, regenerate it with
+# `python tools/async_to_sync.py` (CI fails when it is stale).
 """`AsyncWorker`: the job queue's runtime on asyncio, over an `AsyncEngine` (psycopg).
 
 The same logic as `Worker` (`sa_outbox.worker._core`), driven by one event loop: ``async
 def`` handlers run as tasks (``concurrency`` at a time), plain functions in a pool of
 ``concurrency`` daemon threads. See docs/worker.md.
 
-It stays whole because it is one class, `AsyncWorker`, whose methods share its events,
-its tasks and its thread pool: `DriverBase` (``_driver``) and `Core` (``_core``) already
-hold what both drivers share, and what is left is how this one waits and runs its I/O, with
-the public step-by-step methods (`AsyncWorker.claim`, `AsyncWorker.flush`, …) and their
-docstrings.
+It stays whole because it is one class, `AsyncWorker`, whose methods share its state:
+`DriverBase` (``_driver``) and `Core` (``_core``) hold what both drivers share, the twins of
+``_runtime`` what they do differently, and what is left is the one flow of the loop, the
+keeper and the steps, with the public step-by-step methods (`AsyncWorker.claim`,
+`AsyncWorker.flush`, …) and their docstrings.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import signal
-import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import text
-
 from .._clock import Clock
-from .._connect_args import describe, interrupt, listen_connect_args
-from .._exceptions import InvalidArgument, InvalidArgumentType
-from .._pooler import PROBE_NOTIFY_SQL
+from .._exceptions import InvalidArgument
 from .._sqlstate import is_bad_data
 from ..maintenance._retention import AsyncPruner, PruneReport, Retention
 from ..maintenance._vacuum import AsyncVacuumer, VacuumPolicy, VacuumReport
@@ -36,12 +32,21 @@ from ..ops import Op, arun
 from ..queue import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import AsyncHeldConnection, can_hold
-from ._driver import FINAL_WRITE_TIMEOUT, Chore, DriverBase, KeeperPlan
+from ._driver import Chore, DriverBase, Interrupted, KeeperPlan
 from ._retry import async_call_retrying
+from ._runtime import (
+    AsyncGate,
+    AsyncGrace,
+    AsyncHandlers,
+    AsyncKeeper,
+    AsyncRunner,
+    async_open_listener,
+    async_pool_connection,
+    async_wait_event,
+    require_async_engine,
+)
 from ._spans import end_job_span, job_span
-from ._threads import DaemonPool
-from .context import JobContext
-from .errors import Snooze
+from .errors import DatabaseUnreachable, Snooze
 from .listen import AsyncListener
 from .metrics import WorkerMetrics
 from .reclaimer import AsyncReclaimer
@@ -58,26 +63,75 @@ T = TypeVar("T")
 
 
 class AsyncWorker(DriverBase["AsyncEngine"]):
-    """`Worker` for asyncio: the same options, behaviour and step-by-step methods, awaited.
+    """Run the jobs of a `JobApp` on asyncio, until stopped.
+
+    ``run()`` claims batches from ``queues`` (``None``: all) and ``kinds`` (``None``: all;
+    a job of a kind with no handler fails at once), runs each job's handler with no
+    transaction open (``concurrency`` at a time), and writes the results in batches, each
+    fenced by the job's lease token. It heartbeats every held job every
+    ``heartbeat_interval`` (a third of ``lease`` by default) without rotating tokens, reclaims
+    expired leases every ``reclaim_interval`` (half the lease; ``reclaim=False`` to leave
+    that to a separate `Reclaimer`), prunes finished jobs every ``retention.interval`` when
+    given a ``retention`` policy (`Retention`; one pruner at a time across all workers, see
+    `Pruner`), vacuums its table past ``vacuum.threshold`` dead tuples (`sa_outbox.Vacuumer`,
+    checked every ``vacuum.interval``; ``None`` leaves it to autovacuum), enqueues the app's
+    periodic jobs at their ticks (`JobApp.periodic`; ``schedules=False`` leaves that to the
+    other workers; each tick is enqueued once whatever the number), wakes up on the
+    table's NOTIFY (``listen``; on a connection to ``listen_url`` when given, a direct one
+    past a transaction pooler such as PgBouncer, see docs/pgbouncer.md) and polls
+    every ``poll_interval`` anyway. Given ``pauses`` (a `QueuePauseMixin` model), its claims
+    skip the queues paused with `QueueControl` (docs/worker.md, "Pausing a queue"). Results
+    wait up to ``ack_delay`` seconds (or until ``ack_batch`` are ready) so that one commit
+    acknowledges many jobs.
+
+    A claim takes up to ``batch`` jobs (default: ``concurrency``, at least 50); those beyond
+    the free handlers wait in the worker, heartbeated like the running ones, for at most
+    ``prefetch`` of them. ``prefetch=None`` (the default) adapts: none until handlers have
+    returned, then as many as they get through in about 0.1 s at their average run time (at
+    most two batches: the next claim need not wait for the last batch to drain) —
+    short jobs share claims and commits even at ``concurrency=1``, long ones are not hoarded.
+    ``prefetch=0`` claims only for free handlers.
+
+    On SIGTERM or SIGINT (or `stop`) it stops claiming, cancels the running jobs' tokens
+    (reason ``shutdown``), lets them finish for up to ``grace`` seconds, then releases the
+    rest back to ``pending`` without counting the attempt. A second signal skips the grace
+    period. A statement still hanging once the grace period is over (a dead network, a
+    lock) is cancelled and its socket shut down: `run` returns, and the jobs it could not
+    release keep leases that expire (the reclaimer returns them). The engine's connections
+    get the client-side timeouts of `sa_outbox.connect_args` it leaves unset. A lost
+    connection or a restarting server is retried with backoff, forever while running;
+    nothing is written twice (every write is fenced).
 
     ``async def`` handlers run as tasks of the worker's loop; a timeout cancels the task
     (``asyncio.CancelledError`` inside the handler), so does the end of the grace period.
     Plain (sync) handlers run in threads, where, as in `Worker`, a timeout cancels the job's
     token. Signals (SIGTERM, SIGINT) are handled when `run` runs in the main thread.
 
+    While it runs, the loop keeps one connection of the engine's pool for its batches (in
+    autocommit mode; a write with follow-up jobs, retries or failures gives it back and takes
+    one for its transaction; a pool of a single connection is shared, not kept), and runs
+    its hot statements through psycopg's cursor on it — unless the engine has event
+    listeners, which then see them run through SQLAlchemy.
+
+    Between runs, tests drive it step by step: `claim`, `wait_for_handlers`, `flush`,
+    `heartbeat`, `check_timeouts`, `reclaim`, or `run_once` / `drain`. ``clock`` is the
+    SQL clock (a `FakeClock` in tests) and ``timer`` the local one (timeouts, local lease
+    deadlines): ``timer=lambda: clock.now().timestamp()`` moves both together.
+
     Examples:
-        worker = AsyncWorker(app, async_engine, queues="emails", concurrency=50)
-        await worker.run()
+        worker = AsyncWorker(app, async_engine, queues=["default", "emails"], concurrency=16)
+        await worker.run()  # returns after SIGTERM / SIGINT / worker.stop()
+
+        # behind PgBouncer (transaction mode): the engine's connections are checked and
+        # prepare nothing there (sa_outbox._pooler); LISTEN needs a direct connection
+        url = "postgresql+psycopg://app@db:5432/app"
+        await AsyncWorker(app, pooled_engine, listen_url=url).run()
     """
 
     name = "AsyncWorker"
 
     def _check(self, app: JobApp, engine: AsyncEngine) -> None:
-        if not hasattr(engine, "sync_engine"):
-            raise InvalidArgumentType(
-                "AsyncWorker needs an AsyncEngine (create_async_engine), "
-                f"got {type(engine).__name__}"
-            )
+        require_async_engine(app, engine)
 
     def _setup(
         self,
@@ -89,7 +143,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
     ) -> None:
         engine, timer = self.engine, self.timer
         # The loop's connection: kept by `run` between batches, by a step for its duration.
-        self._held = AsyncHeldConnection(engine)
+        self._held: AsyncHeldConnection = AsyncHeldConnection(engine)
         self.reclaimer = AsyncReclaimer(
             self.app,
             engine,
@@ -105,21 +159,16 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         self.vacuumer = (
             None if vacuum is None else AsyncVacuumer(engine, self.app.model, vacuum, timer=timer)
         )
-        self._wake = asyncio.Event()
-        self._finished = asyncio.Event()
+        self._gate: AsyncGate = AsyncGate()  # guards the core, wakes the loop
         self._hard_stop = asyncio.Event()
         self._keeper_stop = asyncio.Event()
-        self._threads: DaemonPool | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._handlers = AsyncHandlers(self.settings.concurrency, self._execute)
+        self._runner: AsyncRunner = AsyncRunner()
+        self._keeper = AsyncKeeper()
+        self._grace = AsyncGrace(self)
         self.listener: AsyncListener | None = None
-        self._run_task: asyncio.Task[Any] | None = None
-        self._interrupted = False
         #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
         self.listening = asyncio.Event()
-        # What the loop waits on, since when (time.monotonic()), and the grace's watch.
-        self._db_since: float | None = None
-        self._db_operation = ""
-        self._watch_task: asyncio.Task[None] | None = None
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -127,54 +176,54 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         """Work until `stop` (or SIGTERM / SIGINT), then shut down gracefully.
 
         Examples:
-            asyncio.run(AsyncWorker(app, async_engine).run())
+            await AsyncWorker(app, async_engine, queues="emails", concurrency=16).run()
         """
-        if self._running:
-            raise RuntimeError("this worker is already running")
-        self._running = True
-        self._stop_requested = False
-        self._give_up_at = None
-        self._hard_stop.clear()
-        self._keeper_stop.clear()
-        self._start_run()
-        self._run_task = asyncio.current_task()
-        self._interrupted = False
-        self.core.dropped_ids.clear()
+        with self._gate:
+            if self._running:
+                raise self._runner.busy_error("this worker is already running")
+            self._running = True
+            self._stop_requested = False
+            self._give_up_at = None
+            self._hard_stop.clear()
+            self._keeper_stop.clear()
+            self._grace.reset()
+            self._start_run()
+            self.core.dropped_ids.clear()
+        self._runner.begin()
         try:
             await self._connect_first()
         except BaseException:
-            self._running = False
+            with self._gate:
+                self._running = False
             raise
-        restore = self._install_signals() if self.install_signal_handlers else None
+        restore = (
+            self._runner.install_signals(self._on_signal) if self.install_signal_handlers else None
+        )
         s = self.settings
         self._log_start()
-        keeper = asyncio.get_running_loop().create_task(self._keep(), name="sa-outbox-keeper")
+        interrupted = False
         try:
+            self._keeper.start(self._keep)
+            self._grace.start()
             if s.listen:
-                self._start_listener()
+                self.listener = async_open_listener(self)
             self._hold = can_hold(self.engine.sync_engine)
             try:
-                await self._loop()
-            except asyncio.CancelledError:
-                if self._interrupted and self._run_task is not None:
-                    # Our own signal handler (or the grace period's watch) broke a statement
-                    # that hung: nothing more can be written on that network; the leases
-                    # expire instead.
-                    self._run_task.uncancel()
-                    log.warning(
-                        "async worker %s: stopped while a statement hung (a second signal, or "
-                        "the end of the grace period); %d jobs held were not released and run "
-                        "again once their lease expires",
-                        self.worker_id,
-                        self.core.unfinished(),
-                    )
-                    self._cancel(self.core.abandon_running())
-                else:
-                    # The task running us was cancelled: release what we hold, then go.
-                    self.stop(now=True)
-                    with contextlib.suppress(Exception):
-                        await self._shutdown_now()
-                    raise
+                await self._runner.guard(self._loop, self._cancelled)
+            except Interrupted:
+                # A statement that hung was broken: nothing more can be written on that
+                # network; the leases expire instead.
+                interrupted = True
+                with self._gate:
+                    unwritten = self.core.unfinished()
+                log.warning(
+                    "async worker %s: stopped while a statement hung "
+                    "(a second signal, or the end of the grace period); "
+                    "%d jobs held were not released and run again once their lease expires",
+                    self.worker_id,
+                    unwritten,
+                )
+                self._handlers.drop(self.core)
             except Exception:
                 await self._release_after_failure()
                 raise
@@ -182,25 +231,36 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             self._hold = False
             await self._held.release()
             self._keeper_stop.set()
-            await self._join_keeper(keeper)
             if self.listener is not None:
                 await self.listener.stop()
                 self.listener = None
-            if self._watch_task is not None:
-                self._watch_task.cancel()
-                self._watch_task = None
+            await self._keeper.join(self)
+            self._grace.end()
             if restore is not None:
                 restore()
             self.close()
-            self._running = False
-            if not self._interrupted:
-                self._log_abandoned()
+            with self._gate:
+                self._running = False
+                if not interrupted:
+                    self._log_abandoned()
             log.info("async worker %s stopped", s.worker_id)
 
+    async def _cancelled(self) -> None:
+        # The task running `run` was cancelled (not by us): release what we hold, then go.
+        self.stop(now=True)
+        with self._gate:
+            self._handlers.cancel(self.core.abandon_running())
+            results = self.core.take_results()
+        if results:
+            with contextlib.suppress(Exception):
+                await self._write_or_give_up(results, 0)
+
     async def _release_after_failure(self) -> None:
-        # run() is failing: give back what was claimed but never started (see Worker's).
-        results, abandoned = self._results_to_release()
-        self._cancel(abandoned)
+        # run() is failing: give back what was claimed but never started (and stop what
+        # runs), so those jobs need not wait for their lease and lose no attempt.
+        with self._gate:
+            results, abandoned = self._results_to_release()
+            self._handlers.cancel(abandoned)
         if not results:
             return
         try:
@@ -214,9 +274,9 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
 
         async def attempt() -> None:
             async with self.engine.connect() as conn:
-                raw = await conn.get_raw_connection()
-                self._warn_without_keepalives(raw)
+                self._warn_without_keepalives(await async_pool_connection(conn))
 
+        # sync-only: self._in_database = True
         try:
             await async_call_retrying(
                 attempt,
@@ -227,29 +287,28 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             )
         except Exception as exc:
             raise self._startup_error(exc) from exc
+        except Interrupted:
+            raise DatabaseUnreachable(f"{self.name} was stopped while connecting") from None
+        finally:
+            self._in_database = False
         self._connected = True
 
     async def _loop(self) -> None:
         self._grace_over = None
         while True:
-            self._wake.clear()
-            step = self._decide(self.timer())
-            self._cancel(step.cancel)
+            with self._gate:
+                step = self._decide(self.timer())
+                self._handlers.cancel(step.cancel)
+                if step.idle:
+                    await self._gate.wait(step.wait)
+                    continue
             if step.stop:
                 break
-            if step.idle:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), step.wait)
-                continue
             if not await self._write_or_give_up(step.results, step.claim):
                 return
-        results = self.core.take_results()
-        if results:
-            await self._write_or_give_up(results, 0)
-
-    async def _shutdown_now(self) -> None:
-        self._cancel(self.core.abandon_running())
-        results = self.core.take_results()
+        # The final write: what finished in time, and the releases of what did not.
+        with self._gate:
+            results = self.core.take_results()
         if results:
             await self._write_or_give_up(results, 0)
 
@@ -264,17 +323,19 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
 
     async def _write(self, results: list[Result], claim: int) -> int:
         started = self.timer()
-        notifications = self.core.notifications
+        with self._gate:
+            notifications = self.core.notifications
+        autocommit = self.core.one_statement(results, claim)
         try:
             written: Written = await self._database(
-                "write",
-                lambda: self.core.write_op(results, claim),
-                autocommit=self.core.one_statement(results, claim),
+                "write", lambda: self.core.write_op(results, claim), autocommit=autocommit
             )
-        except BaseException as exc:
-            groups = self.core.isolate(results, exc) if is_bad_data(exc) else None
+        except self._runner.write_errors as exc:
+            with self._gate:
+                groups = self.core.isolate(results, exc) if is_bad_data(exc) else None
+                if groups is None:
+                    self.core.dropped(results)
             if groups is None:
-                self.core.dropped(results)
                 raise
         else:
             groups = None
@@ -285,19 +346,20 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             for group in groups:
                 await self._write(group, 0)
             return await self._write([], claim) if claim else 0
-        self.core.written(written)
-        entries = self.core.admit(written.claimed, claim, started, notifications)
-        self.core.hook(
-            "batch_written", len(written.outcomes), len(written.claimed), self.timer() - started
-        )
-        for entry in entries:
-            self._start(entry)
+        elapsed = self.timer() - started
+        with self._gate:
+            self.core.written(written)
+            entries = self.core.admit(written.claimed, claim, started, notifications)
+        self.core.hook("batch_written", len(written.outcomes), len(written.claimed), elapsed)
+        self._handlers.start(entries)
         return len(written.claimed)
 
     async def _database(
         self, operation: str, op: Callable[[], Op[T]], *, autocommit: bool = False
     ) -> T:
-        # One statement needs no transaction around it (see `Worker._database`).
+        # One statement needs no transaction around it: in autocommit mode it is one round
+        # trip and one commit, where BEGIN, the statement and COMMIT are three. It runs on
+        # the loop's held connection (see `_direct`); a transaction takes one from the pool.
         async def attempt() -> T:
             if autocommit:
                 return await self._held.run(op())
@@ -305,8 +367,9 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             async with self.engine.begin() as conn:
                 return await arun(conn, op())
 
-        self._in_database = True
-        loop = asyncio.current_task() is self._run_task
+        main = self._runner.in_main()
+        self._in_database = main
+        loop = self._runner.in_loop()
         if loop:
             self._db_operation, self._db_since = operation, time.monotonic()
         try:
@@ -318,107 +381,50 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 report=self._report_error,
             )
         finally:
-            self._in_database = False
+            if main:
+                self._in_database = False
             if loop:
                 self._db_since = None
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._hard_stop.wait(), seconds)
+        await async_wait_event(self._hard_stop, seconds)
 
     # -- handlers ------------------------------------------------------------------------
 
-    def _start(self, entry: Entry) -> None:
-        task = asyncio.get_running_loop().create_task(self._execute(entry))
-        entry.task = task
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def _execute(self, first: Entry) -> None:
-        # Runs ``first``, then the queued jobs while there are any, waking the loop only
-        # when it has something to decide (`Core.wants_loop`).
+        # Runs ``first``, then the queued jobs while there are any: one lock round per job,
+        # and the loop is woken only when it has something to decide (`Core.wants_loop`).
         core = self.core
-        task = asyncio.current_task()
         entry: Entry | None = first
         while entry is not None:
-            entry.task = task
             # A job enqueued in a trace runs in a span of its own, child of that trace.
             span = None if entry.job.headers is None else job_span(entry.job, self.worker_id)
             if span is None:
-                error = await self._call_handler(entry, task)
+                error = await self._call_handler(entry)
             else:
                 with span.current():
-                    error = await self._call_handler(entry, task, traced=True)
+                    error = await self._call_handler(entry, traced=True)
                 end_job_span(span, error, entry.context.cancel.cancelled)
-            core.finished(entry, error)
-            entry = core.next_entry()
-            if core.wants_loop(entry):
-                self._wake.set()
-            self._finished.set()
+            with self._gate:
+                core.finished(entry, error)
+                entry = core.next_entry()
+                if core.wants_loop(entry):
+                    self._gate.notify_all()
 
-    async def _call_handler(
-        self, entry: Entry, task: asyncio.Task[Any] | None, traced: bool = False
-    ) -> BaseException | None:
+    async def _call_handler(self, entry: Entry, traced: bool = False) -> BaseException | None:
         """Run one job's handler; returns what it raised (or the `Snooze` it returned)."""
         try:
             self.core.parse(entry)
-            assert entry.spec is not None
-            if entry.spec.is_async:
-                returned = await entry.spec.function(entry.context)
-            else:
-                returned = await self._in_thread(entry.spec.function, entry.context, traced)
+            returned = await self._handlers.call(entry, traced)
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) and task is not None:
-                task.uncancel()  # that job's timeout (or grace period) only: go on
             return exc
         return returned if isinstance(returned, Snooze) else None  # returned, not raised
 
-    async def _in_thread(
-        self, function: Callable[[JobContext], Any], job: JobContext, traced: bool = False
-    ) -> Any:
-        if traced:  # the handler's thread runs in this context: the job's span is current
-            context, handler = contextvars.copy_context(), function
-
-            def function(job: JobContext) -> Any:
-                return context.run(handler, job)
-
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def settle(returned: Any, error: BaseException | None) -> None:
-            if future.done():
-                return
-            if error is None:
-                future.set_result(returned)
-            else:
-                future.set_exception(error)
-
-        def call() -> None:
-            returned: Any = None
-            error: BaseException | None = None
-            try:
-                returned = function(job)
-            except BaseException as exc:
-                error = exc
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
-                loop.call_soon_threadsafe(settle, returned, error)
-
-        if self._threads is None:
-            self._threads = DaemonPool(self.settings.concurrency, "sa-outbox-handler")
-        self._threads.submit(call)
-        # Never cancelled (see _cancel): the slot stays busy while the thread runs.
-        return await future
-
-    def _cancel(self, entries: list[Entry]) -> None:
-        for entry in entries:
-            if entry.spec is not None and entry.spec.is_async and entry.task is not None:
-                entry.task.cancel()
-
-    # -- the keeper ----------------------------------------------------------------------
+    # -- the keeper: heartbeats, the reclaimer, vacuum, pruning, schedules ---------------
 
     async def _keep(self) -> None:
         plan = KeeperPlan(self.settings, now=self.timer())
-        chores: dict[Chore, Callable[[], Awaitable[object]]] = {
+        chores: dict[Chore, Callable[[], Any]] = {
             "heartbeat": self.heartbeat,
             "reclaim": self.reclaim,
             "vacuum": self.vacuum,
@@ -435,6 +441,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 prune=self._next_prune is not None,
                 schedule=self._schedule_is_due(),
             ):
+                self._chore, self._chore_since = chore, time.monotonic()
                 try:
                     await chores[chore]()
                 except Exception as exc:
@@ -442,60 +449,9 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                     plan.done(chore, now, ok=False)
                 else:
                     plan.done(chore, now, ok=True)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._keeper_stop.wait(), self._keeper_wait(plan, vacuum_interval)
-                )
-
-    # -- the listener --------------------------------------------------------------------
-
-    def _start_listener(self) -> None:
-        dialect = self.engine.dialect
-        if dialect.driver != "psycopg" and self.listen_url is None:
-            log.warning(
-                "LISTEN needs the psycopg driver (the engine uses %s): polling every %g s",
-                dialect.driver,
-                self.settings.poll_interval,
-            )
-            return
-        import psycopg
-
-        listen_url = self.listen_url
-        if listen_url is not None:  # a direct connection, past the engine's pooler
-            args, kwargs = listen_connect_args(listen_url.get_dialect()(), listen_url)
-        else:
-            # The engine's URL, with the client-side timeouts it leaves unset (see `harden`).
-            args, kwargs = listen_connect_args(dialect, self.engine.url)
-
-        async def connect() -> Any:
-            return await psycopg.AsyncConnection.connect(*args, **kwargs)
-
-        async def channel() -> str | None:
-            async with self.engine.begin() as conn:
-                return await arun(conn, self.core.ops.notify_channel())
-
-        async def probe(channel: str) -> None:
-            async with self.engine.begin() as conn:
-                await conn.execute(text(PROBE_NOTIFY_SQL), {"channel": channel})
-
-        self.listener = AsyncListener(
-            connect,
-            channel,
-            on_notify=self._notified,
-            on_connect=self._listening,
-            listening=self.listening,
-            probe=probe,
-            on_deaf=self._warn_deaf,
-        )
-        self.listener.start()
-
-    def _notified(self, payload: str) -> None:
-        if self.core.on_notify(payload):
-            self._wake.set()
-
-    def _listening(self) -> None:
-        self.core.wake()  # what was sent while nobody listened is lost: claim now
-        self._wake.set()
+                finally:
+                    self._chore_since = None
+            await async_wait_event(self._keeper_stop, self._keeper_wait(plan, vacuum_interval))
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -509,100 +465,16 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             asyncio.get_running_loop().call_later(60, worker.stop)
             await worker.run()
         """
-        first = not self._stop_requested
-        self._request_stop(now)
-        self._wake.set()
-        if first and self._running and self._watch_task is None:
-            since = self._db_since
-            stuck = []
-            if since is not None and time.monotonic() - since >= 0.5:
-                conn = self._held.driver_connection()
-                where = "a connection being opened" if conn is None else describe(conn)
-                waited = time.monotonic() - since
-                stuck.append(
-                    f"its loop waits on a statement ({self._db_operation}, {waited:.1f} s) "
-                    f"on {where}"
-                )
-            self._log_stopping(stuck)
-            self._watch_task = asyncio.get_running_loop().create_task(
-                self._watch(), name="sa-outbox-grace"
-            )
+        with self._gate:
+            self._grace.requested(first=not self._stop_requested)
+            self._request_stop(now)
+            self._gate.notify_all()
 
-    async def _watch(self) -> None:
-        """See `Worker._watch`: once the grace period is over, a statement the loop still
-        waits on has its socket shut down (or, on a connection of a transaction, the
-        loop's task is cancelled), so that `run` returns."""
-        deadline = time.monotonic() + self.settings.grace
-        await asyncio.sleep(self.settings.grace)
-        while self._running:
-            since = self._db_since
-            if since is not None:
-                limit = 1.0 if since < deadline else FINAL_WRITE_TIMEOUT
-                if time.monotonic() - max(since, deadline) >= limit:
-                    self._break_loop(since)
-                    return
-            await asyncio.sleep(0.1)
-
-    def _break_loop(self, since: float) -> None:
-        self._request_stop(True)
-        self._wake.set()
-        conn = self._held.driver_connection()
-        waited = time.monotonic() - since
-        if conn is None:
-            done = "its task cancelled"
-            if self._run_task is not None:
-                self._interrupted = True
-                self._run_task.cancel()
-            where = "a connection of a transaction"
-        else:
-            where = describe(conn)
-            done = interrupt(conn)
-        log.warning(
-            "async worker %s: grace period over; its loop still waited on a statement (%s, "
-            "%.1f s) on %s: %s",
-            self.worker_id,
-            self._db_operation,
-            waited,
-            where,
-            done,
-        )
-
-    async def _join_keeper(self, keeper: asyncio.Task[None]) -> None:
-        # The keeper ends after its chore; one stuck on a dead network is cancelled after a
-        # second, and waited for two more (psycopg then tries to cancel the statement).
-        done, _ = await asyncio.wait({keeper}, timeout=1.0)
-        if not done:
-            log.warning("async worker %s: its keeper still waits: cancelled", self.worker_id)
-            keeper.cancel()
-            await asyncio.wait({keeper}, timeout=2.0)
-        if keeper.done() and not keeper.cancelled():
-            keeper.exception()  # retrieved: the keeper logs its own failures
-
-    def _install_signals(self) -> Callable[[], None] | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        loop = asyncio.get_running_loop()
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            for sig in previous:
-                loop.add_signal_handler(sig, self._on_signal, sig)
-        except (NotImplementedError, RuntimeError, ValueError):  # not a Unix loop
-            return None
-
-        def restore() -> None:
-            for sig, old in previous.items():
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, old)
-
-        return restore
-
-    def _on_signal(self, signum: int) -> None:
+    def _on_signal(self, signum: int) -> bool:
         log.info("async worker %s: %s received", self.worker_id, signal.Signals(signum).name)
         self.stop()
-        if self._interrupt_on_signal() and self._run_task is not None:
-            # The loop waits on a statement that a dead network may never answer.
-            self._interrupted = True
-            self._run_task.cancel()
+        # The loop may wait on a statement that a dead network never answers: break it?
+        return self._interrupt_on_signal()
 
     def close(self) -> None:
         """Stop the handler threads (after their current job); `run` does it on return.
@@ -610,61 +482,94 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         Examples:
             worker.close()
         """
-        threads, self._threads = self._threads, None
-        if threads is not None:
-            threads.close()
+        self._handlers.close()
 
-    # -- step by step --------------------------------------------------------------------
+    # sync-only: def __enter__(self) -> Worker: return self
+    # sync-only: def __exit__(self, *exc_info: object) -> None: self.close()
+
+    # -- step by step (tests, scripts) ---------------------------------------------------
 
     async def claim(self) -> int:
-        """See `Worker.claim`."""
-        claim = max(0, min(self.settings.batch, self.core.room()))
-        return await self._write(self.core.take_results(), claim)
+        """Write the results ready so far and claim as many jobs as there is room for (free
+        handlers, plus the jobs that may wait for one; up to ``batch``), in one
+        transaction; start them. Returns how many.
+
+        Examples:
+            await worker.claim()
+            # -> 10
+        """
+        with self._gate:
+            claim = max(0, min(self.settings.batch, self.core.room()))
+            results = self.core.take_results()
+        return await self._write(results, claim)
 
     async def wait_for_handlers(self, timeout: float | None = None) -> bool:
-        """See `Worker.wait_for_handlers`."""
-        try:
-            async with asyncio.timeout(timeout):
-                while self.core.unfinished():
-                    self._finished.clear()
-                    await self._finished.wait()
-        except TimeoutError:
-            return False
-        return True
+        """Wait until no handler is running and no claimed job waits for one; False if
+        ``timeout`` passed first.
+
+        Examples:
+            assert await worker.wait_for_handlers(timeout=10)
+        """
+        with self._gate:
+            return await self._gate.wait_for(lambda: self.core.unfinished() == 0, timeout)
 
     async def flush(self) -> int:
-        """See `Worker.flush`."""
-        results = self.core.take_results()
+        """Write the results ready so far (one transaction); returns how many.
+
+        Examples:
+            await worker.flush()
+            # -> 10
+        """
+        with self._gate:
+            results = self.core.take_results()
         if results:
             await self._write(results, 0)
         return len(results)
 
     def check_timeouts(self) -> int:
-        """See `Worker.check_timeouts` (async handlers are cancelled too)."""
-        expired = self.core.expire(self.timer())
-        self._cancel(expired)
+        """Give up the jobs past their kind's timeout (cancel, retry); returns how many.
+
+        Examples:
+            clock.advance(31)  # past a timeout of 30 s, with timer=clock-based
+            worker.check_timeouts()
+            # -> 1
+        """
+        with self._gate:
+            expired = self.core.expire(self.timer())
+            self._handlers.cancel(expired)
         return len(expired)
 
     async def heartbeat(self) -> BatchResult | None:
-        """See `Worker.heartbeat`."""
-        pairs = self.core.heartbeat_pairs()
-        sent_at = self.timer()
-        result = None
+        """Renew the lease of every job held (one statement); cancel the lost ones.
+
+        Returns what the statement renewed and found lost (``None``: nothing held). A
+        heartbeat that fails raises, after cancelling the jobs whose lease may have expired.
+
+        Examples:
+            (await worker.heartbeat()).lost
+            # -> []
+        """
+        with self._gate:
+            pairs = self.core.heartbeat_pairs()
+            sent_at = self.timer()
         lost = 0
+        beat = result = None
         try:
             if pairs:
                 async with self.engine.begin() as conn:
                     beat = await arun(conn, self.core.heartbeat_op(pairs))
                 result = beat.result
-                lost = self.core.beaten(pairs, beat, sent_at)
         finally:  # a heartbeat that failed may leave leases to expire: cancel those jobs
-            lost += self.core.expire_leases(self.timer())
+            with self._gate:
+                if beat is not None:
+                    lost = self.core.beaten(pairs, beat, sent_at)
+                lost += self.core.expire_leases(self.timer())
         if result is not None:
             self.core.hook("heartbeat", len(result.done), lost, self.timer() - sent_at)
         return result
 
     async def prune(self) -> PruneReport:
-        """See `Worker.prune`.
+        """Prune the job table now, by the ``retention`` policy (see `Pruner`).
 
         Examples:
             worker = AsyncWorker(app, async_engine, retention=Retention(succeeded=86400))
@@ -676,7 +581,8 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         return await self.pruner.run_once()
 
     async def prune_due(self) -> PruneReport | None:
-        """See `Worker.prune_due`.
+        """Prune if ``retention.interval`` (± 20 %) has passed since the last time; the keeper
+        calls this. Returns the report, or ``None`` when not due (or no policy).
 
         Examples:
             await worker.prune_due()
@@ -703,7 +609,13 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         return report
 
     async def run_schedules(self) -> list[Tick]:
-        """See `Worker.run_schedules`."""
+        """Enqueue the jobs of the periodic schedules' ticks that are due, by the worker's
+        clock (``now`` read in SQL, so a `FakeClock`'s); the keeper calls this at every tick.
+        Returns the ticks, each ``inserted`` unless another worker enqueued it first.
+
+        Examples:
+            [tick.at for tick in await worker.run_schedules() if tick.inserted]
+        """
         if self.scheduler is None:
             return []
         async with self.engine.begin() as conn:
@@ -711,11 +623,24 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         return self._scheduled(now, ticks)
 
     async def reclaim(self) -> list[ReclaimedJob]:
-        """See `Worker.reclaim`."""
+        """Run the reclaimer once (every expired lease of the table, not only this worker's).
+
+        Examples:
+            await worker.reclaim()
+            # -> []
+        """
         return await self.reclaimer.run_once()
 
     async def run_once(self, timeout: float | None = None) -> int:
-        """See `Worker.run_once`."""
+        """Claim one batch, wait for its handlers (up to ``timeout``), write the results.
+
+        Returns how many jobs were claimed. Handlers still running after ``timeout`` keep
+        their jobs; a later call writes their results.
+
+        Examples:
+            while await worker.run_once():
+                pass
+        """
         claimed = await self.claim()
         await self._wait_renewing(timeout)
         self.check_timeouts()
@@ -723,12 +648,13 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         return claimed
 
     async def _wait_renewing(self, timeout: float | None) -> bool:
-        """See `Worker._wait_renewing`."""
+        """`wait_for_handlers`, renewing the held jobs' leases every heartbeat interval
+        meanwhile: `run_once` and `drain` run no keeper, and a job that runs longer than
+        its lease would otherwise be claimed again by another worker while it still runs."""
         interval = self.settings.heartbeat_interval
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = None if deadline is None else max(0.0, deadline - loop.time())
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if await self.wait_for_handlers(interval if left is None else min(interval, left)):
                 return True
             if left is not None and left <= interval:
@@ -739,7 +665,12 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 log.warning("a heartbeat failed while waiting for the handlers", exc_info=True)
 
     async def drain(self, timeout: float | None = None) -> int:
-        """See `Worker.drain`."""
+        """`run_once` until a claim finds nothing; returns how many jobs were claimed.
+
+        Examples:
+            worker = AsyncWorker(app, async_engine, listen=False)
+            await worker.drain()
+        """
         total = 0
         while True:
             claimed = await self.run_once(timeout)

@@ -1,3 +1,5 @@
+# generated from aio.py by tools/async_to_sync.py — do not edit
+# (edit aio.py and run `python tools/async_to_sync.py`)
 """`Worker`: the job queue's runtime on threads, over a sync SQLAlchemy `Engine`.
 
 One loop thread claims and writes; ``concurrency`` handler threads run the jobs outside any
@@ -6,28 +8,25 @@ holds a ``LISTEN`` connection. The loop writes the results of finished jobs (com
 one batched statement, retries, failures, follow-up jobs) and claims the next batch in one
 transaction: one commit per batch, not per job. See docs/worker.md.
 
-It stays whole because it is one class, `Worker`, whose methods share its lock, its
-condition and its threads: `DriverBase` (``_driver``) and `Core` (``_core``) already hold
-what both drivers share, and what is left is how this one waits and runs its I/O, with the
-public step-by-step methods (`Worker.claim`, `Worker.flush`, …) and their docstrings.
+It stays whole because it is one class, `Worker`, whose methods share its state:
+`DriverBase` (``_driver``) and `Core` (``_core``) hold what both drivers share, the twins of
+``_runtime`` what they do differently, and what is left is the one flow of the loop, the
+keeper and the steps, with the public step-by-step methods (`Worker.claim`,
+`Worker.flush`, …) and their docstrings.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import logging
 import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
-
-from sqlalchemy import Engine, text
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._clock import Clock
-from .._connect_args import describe, in_use, interrupt, listen_connect_args
 from .._exceptions import InvalidArgument
-from .._pooler import PROBE_NOTIFY_SQL
 from .._sqlstate import is_bad_data
 from ..maintenance._retention import Pruner, PruneReport, Retention
 from ..maintenance._vacuum import Vacuumer, VacuumPolicy, VacuumReport
@@ -35,11 +34,20 @@ from ..ops import Op, run
 from ..queue import BatchResult, ReclaimedJob
 from ._core import Entry, Result, Written
 from ._direct import HeldConnection, can_hold
-from ._driver import FINAL_WRITE_TIMEOUT, Chore, DriverBase, Interrupted, KeeperPlan
+from ._driver import Chore, DriverBase, Interrupted, KeeperPlan
 from ._retry import call_retrying
-from ._settings import check_engine
+from ._runtime import (
+    Gate,
+    Grace,
+    Handlers,
+    Keeper,
+    Runner,
+    open_listener,
+    pool_connection,
+    require_engine,
+    wait_event,
+)
 from ._spans import end_job_span, job_span
-from ._threads import DaemonPool
 from .errors import DatabaseUnreachable, Snooze
 from .listen import Listener
 from .metrics import WorkerMetrics
@@ -47,13 +55,16 @@ from .reclaimer import Reclaimer
 from .registry import JobApp
 from .schedule import Tick
 
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
 __all__ = ["Worker"]
 
 log = logging.getLogger("sa_outbox.worker")
 T = TypeVar("T")
 
 
-class Worker(DriverBase[Engine]):
+class Worker(DriverBase["Engine"]):
     """Run the jobs of a `JobApp` with threads, until stopped.
 
     ``run()`` claims batches from ``queues`` (``None``: all) and ``kinds`` (``None``: all;
@@ -110,18 +121,14 @@ class Worker(DriverBase[Engine]):
 
         # behind PgBouncer (transaction mode): the engine's connections are checked and
         # prepare nothing there (sa_outbox._pooler); LISTEN needs a direct connection
-        Worker(app, pooled_engine, listen_url="postgresql+psycopg://app@db:5432/app").run()
+        url = "postgresql+psycopg://app@db:5432/app"
+        Worker(app, pooled_engine, listen_url=url).run()
     """
 
     name = "Worker"
 
     def _check(self, app: JobApp, engine: Engine) -> None:
-        check_engine(engine, "Worker")
-        coroutines = [kind for kind in app.kinds if app[kind].is_async]
-        if coroutines:
-            raise InvalidArgument(
-                f"the handlers of {coroutines} are coroutine functions: run them with AsyncWorker"
-            )
+        require_engine(app, engine)
 
     def _setup(
         self,
@@ -133,7 +140,7 @@ class Worker(DriverBase[Engine]):
     ) -> None:
         engine, timer = self.engine, self.timer
         # The loop's connection: kept by `run` between batches, by a step for its duration.
-        self._held = HeldConnection(engine)
+        self._held: HeldConnection = HeldConnection(engine)
         self.reclaimer = Reclaimer(
             self.app,
             engine,
@@ -149,23 +156,16 @@ class Worker(DriverBase[Engine]):
         self.vacuumer = (
             None if vacuum is None else Vacuumer(engine, self.app.model, vacuum, timer=timer)
         )
-        self._cond = threading.Condition()  # an RLock: a signal handler may re-enter it
+        self._gate: Gate = Gate()  # guards the core, wakes the loop
         self._hard_stop = threading.Event()
-        self._pool: DaemonPool | None = None
         self._keeper_stop = threading.Event()
+        self._handlers = Handlers(self.settings.concurrency, self._execute)
+        self._runner: Runner = Runner()
+        self._keeper = Keeper()
+        self._grace = Grace(self)
         self.listener: Listener | None = None
         #: Set while the worker's LISTEN connection listens (``listen=True``, in `run`).
         self.listening = threading.Event()
-        # Set when `run` ends (the grace period's watch, `_watch`, then ends too).
-        self._done = threading.Event()
-        self._stop_requested_at: float | None = None  # time.monotonic() at the first stop()
-        self._loop_ident: int | None = None
-        self._keeper_ident: int | None = None
-        # What the loop and the keeper wait on, since when (time.monotonic()): `_stuck`.
-        self._db_since: float | None = None
-        self._db_operation = ""
-        self._chore_since: float | None = None
-        self._chore = ""
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -175,76 +175,89 @@ class Worker(DriverBase[Engine]):
         Examples:
             Worker(app, engine, queues="emails", concurrency=16).run()
         """
-        with self._cond:
+        with self._gate:
             if self._running:
-                raise InvalidArgument("this worker is already running")
+                raise self._runner.busy_error("this worker is already running")
             self._running = True
             self._stop_requested = False
-            self._stop_requested_at = None
             self._give_up_at = None
             self._hard_stop.clear()
+            self._keeper_stop.clear()
+            self._grace.reset()
             self._start_run()
-            self._done.clear()
             self.core.dropped_ids.clear()
+        self._runner.begin()
         try:
             self._connect_first()
         except BaseException:
-            with self._cond:
+            with self._gate:
                 self._running = False
             raise
-        restore = self._install_signals() if self.install_signal_handlers else None
-        keeper = threading.Thread(target=self._keep, name="sa-outbox-keeper", daemon=True)
-        keeper_stop = self._keeper_stop = threading.Event()
-        watch = threading.Thread(target=self._watch, name="sa-outbox-grace", daemon=True)
-        self._loop_ident = threading.get_ident()
+        restore = (
+            self._runner.install_signals(self._on_signal) if self.install_signal_handlers else None
+        )
         s = self.settings
         self._log_start()
         interrupted = False
         try:
-            keeper.start()
-            self._keeper_ident = keeper.ident
-            watch.start()
+            self._keeper.start(self._keep)
+            self._grace.start()
             if s.listen:
-                self._start_listener()
+                self.listener = open_listener(self)
             self._hold = can_hold(self.engine)
             try:
-                self._loop()
+                self._runner.guard(self._loop, self._cancelled)
             except Interrupted:
+                # A statement that hung was broken: nothing more can be written on that
+                # network; the leases expire instead.
                 interrupted = True
-                with self._cond:
+                with self._gate:
                     unwritten = self.core.unfinished()
                 log.warning(
-                    "worker %s: stopped while a statement hung (a second signal); %d jobs "
-                    "held were not released and run again once their lease expires",
+                    "worker %s: stopped while a statement hung "
+                    "(a second signal); "
+                    "%d jobs held were not released and run again once their lease expires",
                     self.worker_id,
                     unwritten,
                 )
+                self._handlers.drop(self.core)
             except Exception:
                 self._release_after_failure()
                 raise
         finally:
             self._hold = False
             self._held.release()
-            keeper_stop.set()
+            self._keeper_stop.set()
             if self.listener is not None:
                 self.listener.stop()
                 self.listener = None
-            self._join_keeper(keeper)
-            self._done.set()
+            self._keeper.join(self)
+            self._grace.end()
             if restore is not None:
                 restore()
             self.close()
-            with self._cond:
+            with self._gate:
                 self._running = False
                 if not interrupted:
                     self._log_abandoned()
             log.info("worker %s stopped", s.worker_id)
 
+    def _cancelled(self) -> None:
+        # The task running `run` was cancelled (not by us): release what we hold, then go.
+        self.stop(now=True)
+        with self._gate:
+            self._handlers.cancel(self.core.abandon_running())
+            results = self.core.take_results()
+        if results:
+            with contextlib.suppress(Exception):
+                self._write_or_give_up(results, 0)
+
     def _release_after_failure(self) -> None:
         # run() is failing: give back what was claimed but never started (and stop what
         # runs), so those jobs need not wait for their lease and lose no attempt.
-        with self._cond:
-            results, _ = self._results_to_release()
+        with self._gate:
+            results, abandoned = self._results_to_release()
+            self._handlers.cancel(abandoned)
         if not results:
             return
         try:
@@ -258,7 +271,7 @@ class Worker(DriverBase[Engine]):
 
         def attempt() -> None:
             with self.engine.connect() as conn:
-                self._warn_without_keepalives(conn.connection)
+                self._warn_without_keepalives(pool_connection(conn))
 
         self._in_database = True
         try:
@@ -280,17 +293,18 @@ class Worker(DriverBase[Engine]):
     def _loop(self) -> None:
         self._grace_over = None
         while True:
-            with self._cond:
+            with self._gate:
                 step = self._decide(self.timer())
+                self._handlers.cancel(step.cancel)
                 if step.idle:
-                    self._cond.wait(step.wait)
+                    self._gate.wait(step.wait)
                     continue
             if step.stop:
                 break
             if not self._write_or_give_up(step.results, step.claim):
                 return
         # The final write: what finished in time, and the releases of what did not.
-        with self._cond:
+        with self._gate:
             results = self.core.take_results()
         if results:
             self._write_or_give_up(results, 0)
@@ -306,15 +320,15 @@ class Worker(DriverBase[Engine]):
 
     def _write(self, results: list[Result], claim: int) -> int:
         started = self.timer()
-        with self._cond:
+        with self._gate:
             notifications = self.core.notifications
         autocommit = self.core.one_statement(results, claim)
         try:
             written: Written = self._database(
                 "write", lambda: self.core.write_op(results, claim), autocommit=autocommit
             )
-        except Exception as exc:
-            with self._cond:
+        except self._runner.write_errors as exc:
+            with self._gate:
                 groups = self.core.isolate(results, exc) if is_bad_data(exc) else None
                 if groups is None:
                     self.core.dropped(results)
@@ -330,11 +344,11 @@ class Worker(DriverBase[Engine]):
                 self._write(group, 0)
             return self._write([], claim) if claim else 0
         elapsed = self.timer() - started
-        with self._cond:
+        with self._gate:
             self.core.written(written)
             entries = self.core.admit(written.claimed, claim, started, notifications)
         self.core.hook("batch_written", len(written.outcomes), len(written.claimed), elapsed)
-        self._dispatch(entries)
+        self._handlers.start(entries)
         return len(written.claimed)
 
     def _database(self, operation: str, op: Callable[[], Op[T]], *, autocommit: bool = False) -> T:
@@ -348,9 +362,9 @@ class Worker(DriverBase[Engine]):
             with self.engine.begin() as conn:
                 return run(conn, op())
 
-        main = threading.current_thread() is threading.main_thread()
+        main = self._runner.in_main()
         self._in_database = main
-        loop = threading.get_ident() == self._loop_ident
+        loop = self._runner.in_loop()
         if loop:
             self._db_operation, self._db_since = operation, time.monotonic()
         try:
@@ -368,17 +382,9 @@ class Worker(DriverBase[Engine]):
                 self._db_since = None
 
     def _sleep(self, seconds: float) -> None:
-        self._hard_stop.wait(seconds)
+        wait_event(self._hard_stop, seconds)
 
     # -- handlers ------------------------------------------------------------------------
-
-    def _dispatch(self, entries: list[Entry]) -> None:
-        if not entries:
-            return
-        if self._pool is None:
-            self._pool = DaemonPool(self.settings.concurrency, "sa-outbox-handler")
-        for entry in entries:
-            self._pool.submit(functools.partial(self._execute, entry))
 
     def _execute(self, first: Entry) -> None:
         # Runs ``first``, then the queued jobs while there are any: one lock round per job,
@@ -392,29 +398,28 @@ class Worker(DriverBase[Engine]):
                 error = self._call_handler(entry)
             else:
                 with span.current():
-                    error = self._call_handler(entry)
+                    error = self._call_handler(entry, traced=True)
                 end_job_span(span, error, entry.context.cancel.cancelled)
-            with self._cond:
+            with self._gate:
                 core.finished(entry, error)
                 entry = core.next_entry()
                 if core.wants_loop(entry):
-                    self._cond.notify_all()
+                    self._gate.notify_all()
 
-    def _call_handler(self, entry: Entry) -> BaseException | None:
+    def _call_handler(self, entry: Entry, traced: bool = False) -> BaseException | None:
         """Run one job's handler; returns what it raised (or the `Snooze` it returned)."""
         try:
             self.core.parse(entry)
-            assert entry.spec is not None
-            returned = entry.spec.function(entry.context)
+            returned = self._handlers.call(entry, traced)
         except BaseException as exc:
             return exc
         return returned if isinstance(returned, Snooze) else None  # returned, not raised
 
-    # -- the keeper: heartbeats and the reclaimer ----------------------------------------
+    # -- the keeper: heartbeats, the reclaimer, vacuum, pruning, schedules ---------------
 
     def _keep(self) -> None:
         plan = KeeperPlan(self.settings, now=self.timer())
-        chores: dict[Chore, Callable[[], object]] = {
+        chores: dict[Chore, Callable[[], Any]] = {
             "heartbeat": self.heartbeat,
             "reclaim": self.reclaim,
             "vacuum": self.vacuum,
@@ -441,52 +446,7 @@ class Worker(DriverBase[Engine]):
                     plan.done(chore, now, ok=True)
                 finally:
                     self._chore_since = None
-            self._keeper_stop.wait(self._keeper_wait(plan, vacuum_interval))
-
-    # -- the listener --------------------------------------------------------------------
-
-    def _start_listener(self) -> None:
-        listen_url = self.listen_url
-
-        def connect() -> Any:
-            if listen_url is not None:  # a direct connection, past the engine's pooler
-                import psycopg
-
-                args, kwargs = listen_connect_args(listen_url.get_dialect()(), listen_url)
-                return psycopg.connect(*args, **kwargs)
-            raw = self.engine.raw_connection()
-            conn = raw.driver_connection
-            raw.detach()  # a LISTEN connection never goes back to the pool
-            return conn
-
-        def channel() -> str | None:
-            with self.engine.begin() as conn:
-                return run(conn, self.core.ops.notify_channel())
-
-        def probe(channel: str) -> None:
-            with self.engine.begin() as conn:
-                conn.execute(text(PROBE_NOTIFY_SQL), {"channel": channel})
-
-        self.listener = Listener(
-            connect,
-            channel,
-            on_notify=self._notified,
-            on_connect=self._listening,
-            listening=self.listening,
-            probe=probe,
-            on_deaf=self._warn_deaf,
-        )
-        self.listener.start()
-
-    def _notified(self, payload: str) -> None:
-        with self._cond:
-            if self.core.on_notify(payload):
-                self._cond.notify_all()
-
-    def _listening(self) -> None:
-        with self._cond:
-            self.core.wake()  # what was sent while nobody listened is lost: claim now
-            self._cond.notify_all()
+            wait_event(self._keeper_stop, self._keeper_wait(plan, vacuum_interval))
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -497,120 +457,16 @@ class Worker(DriverBase[Engine]):
             threading.Timer(60, worker.stop).start()
             worker.run()  # returns after a minute, and the grace period
         """
-        with self._cond:
-            if self._stop_requested_at is None:
-                self._stop_requested_at = time.monotonic()
+        with self._gate:
+            self._grace.requested(first=not self._stop_requested)
             self._request_stop(now)
-            self._cond.notify_all()
+            self._gate.notify_all()
 
-    # -- the grace period: what it waits for, and what is stuck past it -------------------
-
-    def _watch(self) -> None:
-        """The grace period's watch (a thread of `run`): at the stop request it logs what the
-        worker waits for; once the grace period is over, a statement the loop still waits
-        on (a network that stopped answering, a lock) is broken — cancelled, its socket shut
-        down — so that `run` returns instead of waiting as long as TCP allows."""
-        # It polls the stop request: a signal handler must not take a lock (an Event's) that
-        # the same handler, interrupted by a second signal, may be holding.
-        while self._stop_requested_at is None:
-            if self._done.wait(0.25):
-                return
-        with self._cond:
-            self._log_stopping(self._stuck())
-        deadline = self._stop_requested_at + self.settings.grace
-        if self._done.wait(max(0.0, deadline - time.monotonic())):
-            return
-        while not self._done.is_set():
-            since = self._db_since
-            if since is not None:
-                # A statement begun before the end of the grace period gets a second more;
-                # the final write (the releases of the jobs still running) a few seconds.
-                limit = 1.0 if since < deadline else FINAL_WRITE_TIMEOUT
-                if time.monotonic() - max(since, deadline) >= limit:
-                    self._break_loop(since)
-                    return
-            self._done.wait(0.1)
-
-    def _stuck(self) -> list[str]:
-        """What the loop and the keeper wait on for more than half a second, for the log."""
-        now = time.monotonic()
-        stuck = []
-        for who, ident, since, what in (
-            ("its loop", self._loop_ident, self._db_since, self._db_operation),
-            ("its keeper", self._keeper_ident, self._chore_since, self._chore),
-        ):
-            if ident is None or since is None or now - since < 0.5:
-                continue
-            connections = in_use(self.engine, [ident])
-            where = describe(connections[0]) if connections else "a connection being opened"
-            stuck.append(f"{who} waits on a statement ({what}, {now - since:.1f} s) on {where}")
-        return stuck
-
-    def _break_loop(self, since: float) -> None:
-        with self._cond:
-            self._request_stop(True)  # give up writing: the next failure ends the loop
-            self._cond.notify_all()
-        ident = self._loop_ident
-        connections = [] if ident is None else in_use(self.engine, [ident])
-        waited = time.monotonic() - since
-        if not connections:
-            log.warning(
-                "worker %s: grace period over; its loop still waits on the database (%s, "
-                "%.1f s): connecting, which connect_timeout bounds",
-                self.worker_id,
-                self._db_operation,
-                waited,
-            )
-        for conn in connections:
-            where = describe(conn)
-            done = interrupt(conn)
-            log.warning(
-                "worker %s: grace period over; its loop still waited on a statement (%s, "
-                "%.1f s) on %s: %s",
-                self.worker_id,
-                self._db_operation,
-                waited,
-                where,
-                done,
-            )
-
-    def _join_keeper(self, keeper: threading.Thread) -> None:
-        # The keeper ends after its chore; one stuck on a dead network is broken after a
-        # second (its connection's socket shut down), and waited for a few seconds more.
-        keeper.join(1.0)
-        if not keeper.is_alive() or keeper.ident is None:
-            return
-        for conn in in_use(self.engine, [keeper.ident]):
-            where = describe(conn)
-            log.warning(
-                "worker %s: its keeper still waits on a statement (%s) on %s: %s",
-                self.worker_id,
-                self._chore,
-                where,
-                interrupt(conn),
-            )
-        keeper.join(5.0)
-
-    def _install_signals(self) -> Callable[[], None] | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def handler(signum: int, frame: object) -> None:
-            log.info("worker %s: %s received", self.worker_id, signal.Signals(signum).name)
-            self.stop()
-            if self._interrupt_on_signal():
-                # The loop waits on a statement that a dead network may never answer.
-                raise Interrupted(signal.Signals(signum).name)
-
-        for sig in previous:
-            signal.signal(sig, handler)
-
-        def restore() -> None:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-
-        return restore
+    def _on_signal(self, signum: int) -> bool:
+        log.info("worker %s: %s received", self.worker_id, signal.Signals(signum).name)
+        self.stop()
+        # The loop may wait on a statement that a dead network never answers: break it?
+        return self._interrupt_on_signal()
 
     def close(self) -> None:
         """Stop the handler threads (after their current job); `run` does it on return.
@@ -618,9 +474,7 @@ class Worker(DriverBase[Engine]):
         Examples:
             worker.close()
         """
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+        self._handlers.close()
 
     def __enter__(self) -> Worker:
         return self
@@ -632,14 +486,14 @@ class Worker(DriverBase[Engine]):
 
     def claim(self) -> int:
         """Write the results ready so far and claim as many jobs as there is room for (free
-        handler threads, plus the jobs that may wait for one; up to ``batch``), in one
+        handlers, plus the jobs that may wait for one; up to ``batch``), in one
         transaction; start them. Returns how many.
 
         Examples:
             worker.claim()
             # -> 10
         """
-        with self._cond:
+        with self._gate:
             claim = max(0, min(self.settings.batch, self.core.room()))
             results = self.core.take_results()
         return self._write(results, claim)
@@ -651,8 +505,8 @@ class Worker(DriverBase[Engine]):
         Examples:
             assert worker.wait_for_handlers(timeout=10)
         """
-        with self._cond:
-            return self._cond.wait_for(lambda: self.core.unfinished() == 0, timeout)
+        with self._gate:
+            return self._gate.wait_for(lambda: self.core.unfinished() == 0, timeout)
 
     def flush(self) -> int:
         """Write the results ready so far (one transaction); returns how many.
@@ -661,7 +515,7 @@ class Worker(DriverBase[Engine]):
             worker.flush()
             # -> 10
         """
-        with self._cond:
+        with self._gate:
             results = self.core.take_results()
         if results:
             self._write(results, 0)
@@ -675,8 +529,10 @@ class Worker(DriverBase[Engine]):
             worker.check_timeouts()
             # -> 1
         """
-        with self._cond:
-            return len(self.core.expire(self.timer()))
+        with self._gate:
+            expired = self.core.expire(self.timer())
+            self._handlers.cancel(expired)
+        return len(expired)
 
     def heartbeat(self) -> BatchResult | None:
         """Renew the lease of every job held (one statement); cancel the lost ones.
@@ -685,10 +541,10 @@ class Worker(DriverBase[Engine]):
         heartbeat that fails raises, after cancelling the jobs whose lease may have expired.
 
         Examples:
-            worker.heartbeat().lost
+            (worker.heartbeat()).lost
             # -> []
         """
-        with self._cond:
+        with self._gate:
             pairs = self.core.heartbeat_pairs()
             sent_at = self.timer()
         lost = 0
@@ -699,7 +555,7 @@ class Worker(DriverBase[Engine]):
                     beat = run(conn, self.core.heartbeat_op(pairs))
                 result = beat.result
         finally:  # a heartbeat that failed may leave leases to expire: cancel those jobs
-            with self._cond:
+            with self._gate:
                 if beat is not None:
                     lost = self.core.beaten(pairs, beat, sent_at)
                 lost += self.core.expire_leases(self.timer())
@@ -712,7 +568,7 @@ class Worker(DriverBase[Engine]):
 
         Examples:
             worker = Worker(app, engine, retention=Retention(succeeded=86400))
-            worker.prune().succeeded
+            (worker.prune()).succeeded
             # -> 0
         """
         if self.pruner is None:
@@ -807,8 +663,8 @@ class Worker(DriverBase[Engine]):
         """`run_once` until a claim finds nothing; returns how many jobs were claimed.
 
         Examples:
-            with Worker(app, engine, listen=False) as worker:
-                worker.drain()
+            worker = Worker(app, engine, listen=False)
+            worker.drain()
         """
         total = 0
         while True:
