@@ -2,8 +2,8 @@
 """Generate the synchronous runtimes from their asyncio sources.
 
 The asyncio side is written by hand; its synchronous twin is generated from it, so the two
-cannot drift apart. ``CONVERSIONS`` lists the pairs (today: ``sa_outbox/relay/_async.py`` →
-``_sync.py`` and ``sa_outbox/worker/aio.py`` → ``sync.py``). Run from anywhere in the clone:
+cannot drift apart. ``CONVERSIONS`` lists the pairs (the relay, the worker, the job queue,
+the outbox, partition maintenance). Run from anywhere in the clone:
 
     python tools/async_to_sync.py            # rewrite every generated file
     python tools/async_to_sync.py --check    # exit 1 and print a diff if one is stale
@@ -199,6 +199,21 @@ CONVERSIONS = [
         text={
             "on asyncio. `Outbox` (``_outbox_sync.py``) is generated from this file.": (
                 "generated from `AsyncOutbox` (``_outbox_async.py``)."
+            ),
+        },
+    ),
+    Conversion(
+        "sa_outbox/queue/_job_queue_async.py",
+        "sa_outbox/queue/_job_queue_sync.py",
+        names={
+            "AsyncJobQueue": "JobQueue",
+            "AsyncConn": "SyncConn",
+            "aenqueue_on": "enqueue_on",
+            "copy_jobs_async": "copy_jobs_sync",
+        },
+        text={
+            "on asyncio.\n`JobQueue` (``_job_queue_sync.py``) is generated from this file.": (
+                "generated\nfrom `AsyncJobQueue` (``_job_queue_async.py``)."
             ),
         },
     ),

@@ -37,8 +37,7 @@ from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.schema import CreateSchema, DropSchema
 
 from .._exceptions import InvalidArgument
-from ..queue import ClaimedJob, Outbox
-from ..queue._job_queue import JobQueue
+from ..queue import ClaimedJob, JobQueue, Outbox
 from ..schema import JobMixin, JobStatus, OutboxMixin
 from ..statements import NewJob
 

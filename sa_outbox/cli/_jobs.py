@@ -14,8 +14,7 @@ from sqlalchemy import Table
 
 from .._exceptions import SaOutboxError
 from .._human import moment
-from ..queue import EnqueueResult, get_job, kind_exists, list_jobs, retry_failed
-from ..queue._job_queue import JobQueue
+from ..queue import EnqueueResult, JobQueue, get_job, kind_exists, list_jobs, retry_failed
 from ..schema import JobStatus
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, Unique
 from ._common import (

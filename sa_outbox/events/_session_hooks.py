@@ -27,8 +27,7 @@ from sqlalchemy.orm import Session, UOWTransaction, scoped_session, sessionmaker
 from .._exceptions import InvalidArgument, InvalidArgumentType, SaOutboxError
 from .._ids import uuid7
 from .._tracing import current_trace_headers
-from ..queue import EnqueueResult
-from ..queue._job_queue import AsyncJobQueue, JobQueue
+from ..queue import AsyncJobQueue, EnqueueResult, JobQueue
 from ..schema import JobMixin, OutboxMixin, resolve_table
 from ..schema._event_types import (
     added_order,

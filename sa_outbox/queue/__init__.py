@@ -60,7 +60,8 @@ from ._inspect import (
     retry_parked,
     throughput_by_minute,
 )
-from ._job_queue import AsyncJobQueue, JobQueue
+from ._job_queue_async import AsyncJobQueue
+from ._job_queue_sync import JobQueue
 from ._outbox_async import AsyncOutbox
 from ._outbox_sync import Outbox
 

@@ -1,10 +1,14 @@
-"""`JobQueue` and `AsyncJobQueue`: the job operations on a connection or session."""
+"""What `JobQueue` and `AsyncJobQueue` share: the job table, its operations, the enqueue pair.
+
+`AsyncJobQueue` (``_job_queue_async.py``) is written by hand; `JobQueue`
+(``_job_queue_sync.py``) is generated from it by ``tools/async_to_sync.py``. What must
+differ between the two lives here as a pair of the same shape (`enqueue_on`/`aenqueue_on`).
+"""
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine, Table
@@ -13,20 +17,11 @@ from .. import statements as st
 from .._asyncio_ext import is_async_engine
 from .._backoff import Backoff
 from .._clock import Clock
-from ..ops import ClaimParams, JobOps, SyncConn, arun, run
+from ..ops import JobOps, SyncConn, arun, run
 from ..ops._cursor import NOT_RUN
-from ..ops._results import (
-    BatchResult,
-    CancelResult,
-    ClaimedJob,
-    EnqueueResult,
-    ReclaimedJob,
-    RetriedJobs,
-    RetryResult,
-)
+from ..ops._results import EnqueueResult
 from ..schema import JobStatus
 from ..statements._common import Dumps
-from ._copy import copy_jobs_async, copy_jobs_sync
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -34,10 +29,12 @@ if TYPE_CHECKING:
     from ..ops import AsyncConn
 
 Pairs = Sequence[tuple[uuid.UUID, uuid.UUID]]
-_FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
-class _Base:
+class JobQueueBase:
+    """The job table and its operations (`JobOps`), for `JobQueue` and `AsyncJobQueue`."""
+
     def __init__(
         self,
         model: object,
@@ -65,466 +62,21 @@ class _Base:
         return f"{type(self).__name__}({self.table.fullname!r})"
 
 
-class JobQueue(_Base):
-    """The job queue on a sync `Connection` or `Session`; the caller owns the transaction.
+def enqueue_on(conn: SyncConn | Engine, ops: JobOps, values: dict[str, Any]) -> EnqueueResult:
+    """One job's ``INSERT`` on ``conn``; given the `Engine`, in autocommit.
 
-    Every fenced write (``complete``, ``retry``, ``fail``, ``heartbeat``) raises `LeaseLost`
-    when the job is no longer running under the given token, and leaves the row untouched.
-    `enqueue` also takes the `Engine` itself: then the job is one autocommit ``INSERT``.
-
-    Examples:
-        from sa_outbox import JobQueue
-        queue = JobQueue(Job)
-        with engine.begin() as conn:
-            queue.enqueue(conn, "send-email", {"to": "ana@example.com"})
-        queue.enqueue(engine, "send-email", {"to": "bob@example.com"})  # autocommit
-        with engine.begin() as conn:
-            jobs = queue.claim(conn, worker_id="w1", batch=20)
-        # … run the jobs outside any transaction, then:
-        with engine.begin() as conn:
-            queue.complete_many(conn, [(j.id, j.lease_token) for j in jobs])
+    On psycopg's own cursor when it can (`JobOps.enqueue_on_cursor`), the shortest path.
     """
-
-    def enqueue(
-        self,
-        conn: SyncConn | Engine,
-        kind: str,
-        payload: Any,
-        *,
-        queue: str = st.DEFAULT_QUEUE,
-        priority: int = 0,
-        run_at: dt.datetime | None = None,
-        delay: dt.timedelta | float | None = None,
-        max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
-        deduplication_key: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        lock_key: str | None = None,
-        unique: st.Unique | None = None,
-    ) -> EnqueueResult:
-        """Add one job; ``inserted`` is False when its deduplication key is already taken (or,
-        for a ``unique`` job, its unique key: `Unique`, docs/unique.md).
-
-        On a `Connection` or `Session` the job joins the caller's transaction and commits
-        with it. Given the `Engine` itself, it is one autocommit ``INSERT``: one round trip,
-        committed when this returns (for a producer with no transaction of its own).
-
-        ``headers`` (str to str, at most `MAX_HEADERS_BYTES` as JSON) travel with the job
-        (`JobContext.headers`); with OpenTelemetry installed, the current trace context joins
-        them, so the worker's span of the job continues the caller's trace (docs/tracing.md).
-
-        ``lock_key`` makes it a serial job: the jobs sharing a key run one at a time, in the
-        order they were committed (docs/concurrency.md).
-
-        Examples:
-            queue.enqueue(conn, "index-book", {"book_id": 7},
-                          deduplication_key="index-book:7").inserted
-            # -> True
-            queue.enqueue(engine, "index-book", {"book_id": 8})  # committed already
-        """
-        job = st.NewJob(
-            kind,
-            payload,
-            queue,
-            priority,
-            run_at,
-            delay,
-            max_attempts,
-            deduplication_key,
-            headers,
-            lock_key,
-            unique,
-        )
-        return self.enqueue_one(conn, job)
-
-    def enqueue_one(self, conn: SyncConn | Engine, job: st.NewJob) -> EnqueueResult:
-        """`enqueue` for a job given as a `NewJob`.
-
-        Examples:
-            queue.enqueue_one(conn, NewJob("index-book", {"book_id": 7}, priority=5)).inserted
-            # -> True
-        """
-        values = self._ops.job_values(job)
-        result = self._ops.enqueue_on_cursor(conn, values)
-        if result is not NOT_RUN:
-            return cast(EnqueueResult, result)
-        return run(conn, self._ops.enqueue(values), autocommit=isinstance(conn, Engine))
-
-    def enqueue_many(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
-        """Add many jobs in one statement; results come in input order.
-
-        Each `NewJob` may have ``headers`` of its own; the current trace context (with
-        OpenTelemetry installed) joins them, under them. Unique jobs (``NewJob(...,
-        unique=Unique(...))``) and ordinary ones mix in one batch; a unique job whose key is
-        held, by an earlier job or one earlier in the batch, comes back ``inserted=False``.
-
-        Examples:
-            queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])
-        """
-        return run(conn, self._ops.enqueue_many(jobs))
-
-    def enqueue_copy(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> int:
-        """Add many jobs with PostgreSQL's ``COPY``, the fastest path; returns how many.
-
-        For large batches without deduplication keys (a job with one, or a unique job, is
-        refused: COPY has no ON CONFLICT; use `enqueue_many`). Every job is checked before
-        any row is sent, ids follow input order, nothing commits here, and workers are
-        notified once at commit. Needs the psycopg (3) driver. See docs/worker.md,
-        "Enqueueing many jobs". As with `enqueue_many`, the current trace context joins
-        every job's headers.
-
-        Examples:
-            queue.enqueue_copy(conn, [NewJob("resize", {"image": n}) for n in range(1000)])
-            # -> 1000
-        """
-        return copy_jobs_sync(conn, self._ops, jobs)
-
-    def claim(
-        self,
-        conn: SyncConn,
-        *,
-        worker_id: str,
-        batch: int = 1,
-        lease: dt.timedelta | float = st.DEFAULT_LEASE,
-        queues: str | Sequence[str] | None = None,
-        kinds: str | Sequence[str] | None = None,
-        limits: st.ClaimLimits | None = None,
-    ) -> list[ClaimedJob]:
-        """Claim up to ``batch`` ready jobs (commit right after, then run them).
-
-        ``limits`` (`sa_outbox.statements.ClaimLimits`, e.g. a `JobApp`'s ``limits``): the
-        claim first takes the limits' lock (`sa_outbox.statements.lock_claim_limits`), then
-        claims no more than they allow; ``conn`` must be in a transaction, committed right
-        after, for the lock to serialise the claims.
-
-        Examples:
-            jobs = queue.claim(conn, worker_id="w1", batch=20)
-        """
-        params = ClaimParams(worker_id, batch, lease, queues, kinds, limits=limits)
-        return run(conn, self._ops.claim(params))
-
-    def heartbeat(
-        self,
-        conn: SyncConn,
-        job_id: uuid.UUID,
-        token: uuid.UUID,
-        *,
-        lease: dt.timedelta | float = st.DEFAULT_LEASE,
-        worker_id: str | None = None,
-    ) -> dt.datetime:
-        """Extend a live lease; returns the new ``lease_until`` or raises `LeaseLost`.
-
-        Examples:
-            queue.heartbeat(conn, job.id, job.lease_token, lease=30)
-        """
-        return run(conn, self._ops.heartbeat(job_id, token, lease, worker_id))
-
-    def heartbeat_many(
-        self, conn: SyncConn, pairs: Pairs, *, lease: dt.timedelta | float = st.DEFAULT_LEASE
-    ) -> BatchResult:
-        """Extend many leases in one statement; ``lost`` lists the ones no longer held.
-
-        Examples:
-            queue.heartbeat_many(conn, [(j.id, j.lease_token) for j in jobs])
-        """
-        return run(conn, self._ops.heartbeat_many(pairs, lease))
-
-    def complete(self, conn: SyncConn, job_id: uuid.UUID, token: uuid.UUID) -> None:
-        """Mark one job ``succeeded``, or raise `LeaseLost`.
-
-        Examples:
-            queue.complete(conn, job.id, job.lease_token)
-        """
-        run(conn, self._ops.complete(job_id, token))
-
-    def complete_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
-        """Mark many jobs ``succeeded`` in one statement; ``lost`` lists those not held.
-
-        Examples:
-            queue.complete_many(conn, [(j.id, j.lease_token) for j in jobs])
-        """
-        return run(conn, self._ops.complete_many(pairs))
-
-    def retry(
-        self,
-        conn: SyncConn,
-        job_id: uuid.UUID,
-        token: uuid.UUID,
-        *,
-        error: str | None = None,
-        delay: dt.timedelta | float | None = None,
-    ) -> RetryResult:
-        """Back to ``pending`` after ``delay`` (default: the backoff), or ``failed`` at max.
-
-        Examples:
-            queue.retry(conn, job.id, job.lease_token, error="timeout").status
-            # -> <JobStatus.PENDING: 'pending'>
-        """
-        return run(conn, self._ops.retry(job_id, token, error, delay))
-
-    def fail(
-        self, conn: SyncConn, job_id: uuid.UUID, token: uuid.UUID, *, error: str | None = None
-    ) -> None:
-        """Mark a job ``failed`` at once (a permanent error), or raise `LeaseLost`.
-
-        Examples:
-            queue.fail(conn, job.id, job.lease_token, error="bad payload")
-        """
-        run(conn, self._ops.fail(job_id, token, error))
-
-    def release_many(self, conn: SyncConn, pairs: Pairs) -> BatchResult:
-        """Give claimed jobs back to ``pending`` without counting the attempt; fenced.
-
-        For a worker that stops before it ran them: ``attempts`` goes back down, the lease
-        is cleared, and listening workers are notified at commit. ``lost`` lists the pairs
-        no longer held.
-
-        Examples:
-            queue.release_many(conn, [(j.id, j.lease_token) for j in unstarted])
-        """
-        return run(conn, self._ops.release_many(pairs))
-
-    def notify_channel(self, conn: SyncConn) -> str | None:
-        """The channel the table's NOTIFY trigger sends on (``None`` if the table is absent).
-
-        Examples:
-            queue.notify_channel(conn)
-            # -> 'public.jobs'
-        """
-        return run(conn, self._ops.notify_channel())
-
-    def reclaim_expired(self, conn: SyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
-        """Return up to ``limit`` expired leases to ``pending`` (with backoff) or ``failed``.
-
-        Examples:
-            queue.reclaim_expired(conn)
-            # -> []
-        """
-        return run(conn, self._ops.reclaim(limit))
-
-    def requeue_failed(
-        self,
-        conn: SyncConn,
-        *,
-        ids: Sequence[uuid.UUID] | None = None,
-        kinds: str | Sequence[str] | None = None,
-        queues: str | Sequence[str] | None = None,
-        reset_attempts: bool = True,
-    ) -> RetriedJobs:
-        """Send failed jobs back to ``pending`` now; returns their ids.
-
-        A unique job whose key another job holds is left ``failed``: the result's
-        ``skipped`` maps it to the job holding its key (`RetriedJobs`, docs/unique.md).
-
-        Examples:
-            queue.requeue_failed(conn, kinds="send-email")
-        """
-        return run(conn, self._ops.requeue_failed(ids, kinds, queues, reset_attempts))
-
-    def cancel(
-        self, conn: SyncConn, ids: Iterable[uuid.UUID | str] | uuid.UUID | str
-    ) -> CancelResult:
-        """Cancel jobs by id, in your transaction; returns what became of each id.
-
-        A waiting job (``pending``, due or scheduled, new or to be retried) becomes
-        ``cancelled`` and never runs. A running job becomes ``cancelled`` too, and keeps its
-        lease token: its worker's heartbeat finds it lost, cancels the handler's token with
-        reason `CancelReason.CANCELLED`, and whatever the handler then returns or raises, the
-        job stays ``cancelled`` (every result write is fenced by ``status = 'running'``).
-        Finished jobs are left alone (`CancelResult.finished`); unknown ids are reported.
-
-        Examples:
-            with engine.begin() as conn:
-                result = queue.cancel(conn, [job_id])
-            result.cancelled, result.cancelling, result.finished, result.unknown
-        """
-        return run(conn, self._ops.cancel(ids))
-
-    def prune(
-        self,
-        conn: SyncConn,
-        *,
-        older_than: dt.timedelta | float,
-        statuses: Iterable[JobStatus | str] = _FINISHED,
-        batch: int = 1000,
-    ) -> int:
-        """Delete one batch of finished jobs older than ``older_than``; returns how many.
-
-        Examples:
-            queue.prune(conn, older_than=dt.timedelta(days=7))
-            # -> 0
-        """
-        return run(conn, self._ops.prune(older_than, statuses, batch))
-
-    def counts(self, conn: SyncConn) -> dict[JobStatus, int]:
-        """How many jobs are in each status (every status present, zero included).
-
-        Examples:
-            queue.counts(conn)[JobStatus.PENDING]
-            # -> 0
-        """
-        return run(conn, self._ops.counts())
-
-
-class AsyncJobQueue(_Base):
-    """`JobQueue` for asyncio: the same operations on an `AsyncConnection`/`AsyncSession`.
-
-    Examples:
-        queue = AsyncJobQueue(Job)
-        async with async_engine.begin() as conn:
-            jobs = await queue.claim(conn, worker_id="w1", batch=20)
-    """
-
-    async def enqueue(
-        self,
-        conn: AsyncConn | AsyncEngine,
-        kind: str,
-        payload: Any,
-        *,
-        queue: str = st.DEFAULT_QUEUE,
-        priority: int = 0,
-        run_at: dt.datetime | None = None,
-        delay: dt.timedelta | float | None = None,
-        max_attempts: int = st.DEFAULT_MAX_ATTEMPTS,
-        deduplication_key: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        lock_key: str | None = None,
-        unique: st.Unique | None = None,
-    ) -> EnqueueResult:
-        """See `JobQueue.enqueue`; given the `AsyncEngine`, one autocommit ``INSERT``.
-
-        Examples:
-            await queue.enqueue(async_engine, "index-book", {"book_id": 8})
-        """
-        job = st.NewJob(
-            kind,
-            payload,
-            queue,
-            priority,
-            run_at,
-            delay,
-            max_attempts,
-            deduplication_key,
-            headers,
-            lock_key,
-            unique,
-        )
-        return await self.enqueue_one(conn, job)
-
-    async def enqueue_one(self, conn: AsyncConn | AsyncEngine, job: st.NewJob) -> EnqueueResult:
-        """See `JobQueue.enqueue_one`; given the `AsyncEngine`, one autocommit ``INSERT``."""
-        op = self._ops.enqueue(self._ops.job_values(job))
-        if is_async_engine(conn):
-            return await arun(conn, op, autocommit=True)
-        return await arun(cast("AsyncConn", conn), op)
-
-    async def enqueue_many(self, conn: AsyncConn, jobs: Iterable[st.NewJob]) -> list[EnqueueResult]:
-        """See `JobQueue.enqueue_many`."""
-        return await arun(conn, self._ops.enqueue_many(jobs))
-
-    async def enqueue_copy(self, conn: AsyncConn, jobs: Iterable[st.NewJob]) -> int:
-        """See `JobQueue.enqueue_copy`."""
-        return await copy_jobs_async(conn, self._ops, jobs)
-
-    async def claim(
-        self,
-        conn: AsyncConn,
-        *,
-        worker_id: str,
-        batch: int = 1,
-        lease: dt.timedelta | float = st.DEFAULT_LEASE,
-        queues: str | Sequence[str] | None = None,
-        kinds: str | Sequence[str] | None = None,
-        limits: st.ClaimLimits | None = None,
-    ) -> list[ClaimedJob]:
-        """See `JobQueue.claim`."""
-        params = ClaimParams(worker_id, batch, lease, queues, kinds, limits=limits)
-        return await arun(conn, self._ops.claim(params))
-
-    async def heartbeat(
-        self,
-        conn: AsyncConn,
-        job_id: uuid.UUID,
-        token: uuid.UUID,
-        *,
-        lease: dt.timedelta | float = st.DEFAULT_LEASE,
-        worker_id: str | None = None,
-    ) -> dt.datetime:
-        """See `JobQueue.heartbeat`."""
-        return await arun(conn, self._ops.heartbeat(job_id, token, lease, worker_id))
-
-    async def heartbeat_many(
-        self, conn: AsyncConn, pairs: Pairs, *, lease: dt.timedelta | float = st.DEFAULT_LEASE
-    ) -> BatchResult:
-        """See `JobQueue.heartbeat_many`."""
-        return await arun(conn, self._ops.heartbeat_many(pairs, lease))
-
-    async def complete(self, conn: AsyncConn, job_id: uuid.UUID, token: uuid.UUID) -> None:
-        """See `JobQueue.complete`."""
-        await arun(conn, self._ops.complete(job_id, token))
-
-    async def complete_many(self, conn: AsyncConn, pairs: Pairs) -> BatchResult:
-        """See `JobQueue.complete_many`."""
-        return await arun(conn, self._ops.complete_many(pairs))
-
-    async def retry(
-        self,
-        conn: AsyncConn,
-        job_id: uuid.UUID,
-        token: uuid.UUID,
-        *,
-        error: str | None = None,
-        delay: dt.timedelta | float | None = None,
-    ) -> RetryResult:
-        """See `JobQueue.retry`."""
-        return await arun(conn, self._ops.retry(job_id, token, error, delay))
-
-    async def fail(
-        self, conn: AsyncConn, job_id: uuid.UUID, token: uuid.UUID, *, error: str | None = None
-    ) -> None:
-        """See `JobQueue.fail`."""
-        await arun(conn, self._ops.fail(job_id, token, error))
-
-    async def release_many(self, conn: AsyncConn, pairs: Pairs) -> BatchResult:
-        """See `JobQueue.release_many`."""
-        return await arun(conn, self._ops.release_many(pairs))
-
-    async def notify_channel(self, conn: AsyncConn) -> str | None:
-        """See `JobQueue.notify_channel`."""
-        return await arun(conn, self._ops.notify_channel())
-
-    async def reclaim_expired(self, conn: AsyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
-        """See `JobQueue.reclaim_expired`."""
-        return await arun(conn, self._ops.reclaim(limit))
-
-    async def requeue_failed(
-        self,
-        conn: AsyncConn,
-        *,
-        ids: Sequence[uuid.UUID] | None = None,
-        kinds: str | Sequence[str] | None = None,
-        queues: str | Sequence[str] | None = None,
-        reset_attempts: bool = True,
-    ) -> RetriedJobs:
-        """See `JobQueue.requeue_failed`."""
-        return await arun(conn, self._ops.requeue_failed(ids, kinds, queues, reset_attempts))
-
-    async def cancel(
-        self, conn: AsyncConn, ids: Iterable[uuid.UUID | str] | uuid.UUID | str
-    ) -> CancelResult:
-        """See `JobQueue.cancel`."""
-        return await arun(conn, self._ops.cancel(ids))
-
-    async def prune(
-        self,
-        conn: AsyncConn,
-        *,
-        older_than: dt.timedelta | float,
-        statuses: Iterable[JobStatus | str] = _FINISHED,
-        batch: int = 1000,
-    ) -> int:
-        """See `JobQueue.prune`."""
-        return await arun(conn, self._ops.prune(older_than, statuses, batch))
-
-    async def counts(self, conn: AsyncConn) -> dict[JobStatus, int]:
-        """See `JobQueue.counts`."""
-        return await arun(conn, self._ops.counts())
+    result = ops.enqueue_on_cursor(conn, values)
+    if result is not NOT_RUN:
+        return cast(EnqueueResult, result)
+    return run(conn, ops.enqueue(values), autocommit=isinstance(conn, Engine))
+
+
+async def aenqueue_on(
+    conn: AsyncConn | AsyncEngine, ops: JobOps, values: dict[str, Any]
+) -> EnqueueResult:
+    """`enqueue_on` for asyncio; given the `AsyncEngine`, in autocommit."""
+    if is_async_engine(conn):
+        return await arun(conn, ops.enqueue(values), autocommit=True)
+    return await arun(cast("AsyncConn", conn), ops.enqueue(values))

@@ -29,8 +29,7 @@ from .._clock import Clock
 from .._connect_args import harden
 from .._pooler import note_prepared_statement_error, prepare_for_pooler
 from .._validation import count, duration
-from ..queue import ReclaimedJob
-from ..queue._job_queue import AsyncJobQueue, JobQueue
+from ..queue import AsyncJobQueue, JobQueue, ReclaimedJob
 from ..schema import JobStatus
 from ..statements import DEFAULT_BACKOFF
 from ._retry import async_retrying, retrying
