@@ -41,6 +41,7 @@ from ..ops import arun, run
 from ._core import Core, Entry
 from ._driver import FINAL_WRITE_TIMEOUT, DriverBase, Interrupted
 from ._settings import check_engine
+from ._signals import install_stop_signals
 from ._threads import DaemonPool
 from .context import JobContext
 from .listen import AsyncListener, Listener
@@ -362,20 +363,12 @@ class Runner:
         """SIGTERM and SIGINT call ``on_signal``, which says whether to break the wait."""
         if not self.in_main():
             return None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
-        def handler(signum: int, frame: object) -> None:
+        def break_wait(signum: int) -> None:
             if on_signal(signum):
                 raise Interrupted(signal.Signals(signum).name)
 
-        for sig in previous:
-            signal.signal(sig, handler)
-
-        def restore() -> None:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-
-        return restore
+        return install_stop_signals(break_wait)
 
 
 class AsyncRunner:
