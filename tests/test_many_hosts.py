@@ -20,10 +20,8 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from sqlalchemy import Engine, create_engine, text
 from sa_outbox import JobQueue
 from sa_outbox.statements import NewJob
 
+from .clusters import cluster
 from .helpers import wait_until
 from .worker_app import SCHEMA, Job, create_schema
 
@@ -68,18 +67,6 @@ def _netns_unavailable() -> str | None:
     return None
 
 
-def _bindir() -> Path | None:
-    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-        if (candidate / "initdb").exists() and (candidate / "pg_ctl").exists():
-            return candidate
-    found = shutil.which("initdb")
-    return Path(found).parent if found else None
-
-
-def _as_postgres(argv: list[str]) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *argv]
-
-
 @contextlib.contextmanager
 def _namespaces() -> Iterator[list[tuple[str, str, str]]]:
     """(namespace, host-side veth, server address) per host; all removed afterwards."""
@@ -104,44 +91,15 @@ def _namespaces() -> Iterator[list[tuple[str, str, str]]]:
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
 
 
-@contextlib.contextmanager
-def _cluster(addresses: list[str]) -> Iterator[int]:
-    """A throwaway cluster listening on 127.0.0.1 and ``addresses``; yields its port."""
-    bindir = _bindir()
-    if bindir is None:
-        pytest.skip("initdb / pg_ctl not found: cannot start a cluster on the veth addresses")
-    root = Path(tempfile.mkdtemp(prefix="sa-outbox-hosts-"))
-    shutil.chown(root, "postgres")
-    data = root / "data"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    try:
-        initdb = [str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"]
-        subprocess.run(_as_postgres(initdb), check=True, capture_output=True)
-        with (data / "pg_hba.conf").open("a") as hba:
-            hba.write("host all all 10.200.0.0/16 trust\n")
-        listen = ",".join(["127.0.0.1", *addresses])
-        options = f"-p {port} -c listen_addresses={listen} -k {root} -c logging_collector=off"
-        start = [str(bindir / "pg_ctl"), "-D", str(data), "-o", options]
-        start += ["-l", str(root / "log"), "-w", "start"]
-        subprocess.run(_as_postgres(start), check=True, capture_output=True)
-        try:
-            yield port
-        finally:
-            stop = [str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
-            subprocess.run(_as_postgres(stop), check=False, capture_output=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[tuple[list[tuple[str, str, str]], int]]:
     reason = _netns_unavailable()
     if reason is not None:
         pytest.skip(reason)
-    with _namespaces() as made, _cluster([server for _, _, server in made]) as port:
-        yield made, port
+    with _namespaces() as made:
+        listen = ["127.0.0.1", *(server for _, _, server in made)]
+        with cluster(listen=listen, hba=["host all all 10.200.0.0/16 trust"]) as node:
+            yield made, node.port
 
 
 @pytest.fixture
