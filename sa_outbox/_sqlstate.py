@@ -8,6 +8,10 @@ Three answers, used by every runtime that talks to the database on its own:
   pooler moved). A worker rides these out.
 - `is_configuration_error`: the database, the role or the password is wrong: retrying
   cannot help, and a worker stops at start-up with a one-line message.
+- `is_not_ready`: the server answered but cannot take this session yet (a standby while the
+  URL asks for a writable server, as during a failover; a server starting up, shutting down
+  or in recovery; no free connection slot): the command-line ``worker`` and ``relay`` wait
+  for it at start-up instead of stopping.
 - `is_bad_data`: the statement's own values were refused (data exceptions, program limits
   such as an over-long index entry, integrity violations): the job that produced them fails,
   the others go on.
@@ -30,7 +34,7 @@ import psycopg
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-__all__ = ["is_bad_data", "is_configuration_error", "is_transient", "sqlstate_of"]
+__all__ = ["is_bad_data", "is_configuration_error", "is_not_ready", "is_transient", "sqlstate_of"]
 
 #: Classes and codes worth a retry: 08 connection exceptions; 40001 serialization failure,
 #: 40P01 deadlock; 53300 too many connections; 55P03 lock not available (lock_timeout);
@@ -51,6 +55,18 @@ _CONFIGURATION_CODES = frozenset({"3D000"})
 _CONFIGURATION_MESSAGE = re.compile(
     r'FATAL:\s+(database ".*" does not exist|role ".*" does not exist'
     r"|password authentication failed|no pg_hba\.conf entry)"
+)
+
+
+#: 57P03 cannot connect now (starting up, shutting down, in recovery), 53300 too many clients.
+_NOT_READY_CODES = frozenset({"57P03", "53300"})
+#: The same as libpq reports it at connection time (no SQLSTATE), and what it says when
+#: ``target_session_attrs`` turns a server down (a standby when a writable one is asked for).
+_NOT_READY_MESSAGE = re.compile(
+    r"session is read-only|session is not read-only|server is in hot standby mode"
+    r"|server is not in hot standby mode|too many clients already"
+    r"|the database system is (starting up|shutting down|in recovery mode|not yet accepting"
+    r" connections|not accepting connections)"
 )
 
 
@@ -95,6 +111,21 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(
         error, OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError
     )
+
+
+def is_not_ready(error: BaseException) -> bool:
+    """Whether the server answered but cannot take this session yet (see the module's doc).
+
+    Examples:
+        >>> is_not_ready(OSError("connection failed: session is read-only"))
+        True
+        >>> is_not_ready(OSError("connection refused"))
+        False
+    """
+    state = sqlstate_of(error)
+    if state in _NOT_READY_CODES:
+        return True
+    return _NOT_READY_MESSAGE.search(str(error)) is not None
 
 
 def is_bad_data(error: BaseException) -> bool:

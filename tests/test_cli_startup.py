@@ -155,3 +155,29 @@ def test_a_listen_url_that_cannot_connect_ends_the_worker_in_one_line(
         "sa-outbox worker: error: cannot connect to postgresql+psycopg://app:***@127.0.0.1:1/app: "
     )
     assert err.count("\n") == 1 and "hunter2" not in err
+
+
+def test_a_server_that_cannot_take_the_session_yet_is_waited_for_then_named_in_one_line(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a worker started mid-failover meets (only a standby up): the server answers but
+    refuses the session ``target_session_attrs`` asks for. Here the shared server, a primary,
+    asked for a standby: the same refusal, turned around. Waited for, then the same line."""
+    from sqlalchemy import create_engine
+
+    from sa_outbox.cli._common import CommandError, connect_once
+
+    url = make_url(database_url).set(drivername="postgresql+psycopg")
+    engine = create_engine(url.update_query_dict({"target_session_attrs": "standby"}))
+    try:
+        with caplog.at_level("WARNING", "sa_outbox.cli"), pytest.raises(CommandError) as error:
+            connect_once(engine, wait=0.5)
+    finally:
+        engine.dispose()
+    assert str(error.value).startswith("cannot connect to postgresql+psycopg://")
+    assert "server is not in hot standby mode" in str(error.value)
+    assert "\n" not in str(error.value)
+    waits = [
+        r.getMessage() for r in caplog.records if "cannot take connections yet" in r.getMessage()
+    ]
+    assert waits and all("waiting up to" in message for message in waits)

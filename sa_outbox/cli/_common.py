@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import logging
 import math
 import os
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,7 @@ from .._connect_args import connect_args
 from .._exceptions import InvalidArgument, SaOutboxError
 from .._loading import import_target
 from .._pooler import prepare_for_pooler
+from .._sqlstate import is_not_ready
 from ..metrics import JsonFormatter
 from ..schema import resolve_table
 from ..worker import JobApp
@@ -404,37 +407,79 @@ def _setup_logging(level: str, log_format: str = "text") -> None:
         logging.basicConfig(level=level, handlers=[handler])
 
 
+def _first_line(exc: DBAPIError) -> str:
+    return str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+
+
 def _cannot_connect(url: URL, exc: DBAPIError) -> CommandError:
-    reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    reason = _first_line(exc)
     return CommandError(f"cannot connect to {url.render_as_string(hide_password=True)}: {reason}")
 
 
-def connect_once(engine: Engine) -> None:
+#: How long ``worker`` and ``relay`` wait at start for a server that answers but cannot take
+#: them yet: a failover under way (only a standby up), a server starting up or in recovery.
+STARTUP_WAIT = 60.0
+
+
+class _StartupWait:
+    """The waits of `connect_once`: short, growing, within `STARTUP_WAIT`; only for a server
+    that is there but not ready, never for a URL that cannot work."""
+
+    def __init__(self, url: URL, wait: float) -> None:
+        self.url = url
+        self.deadline = time.monotonic() + wait
+        self.attempt = 0
+
+    def delay(self, exc: DBAPIError) -> float:
+        """Seconds to wait before the next attempt; `CommandError` when there is none."""
+        left = self.deadline - time.monotonic()
+        if not is_not_ready(exc) or left <= 0:
+            raise _cannot_connect(self.url, exc) from exc
+        self.attempt += 1
+        logging.getLogger("sa_outbox.cli").warning(
+            "%s cannot take connections yet (%s); waiting up to %.0f s more",
+            self.url.render_as_string(hide_password=True),
+            _first_line(exc),
+            left,
+        )
+        return min(0.1 * 2.0**self.attempt, 2.0, left)
+
+
+def connect_once(engine: Engine, *, wait: float = STARTUP_WAIT) -> None:
     """Open one connection and close it: ``worker`` and ``relay`` do it before they start,
     so that a wrong URL (a host that does not resolve, a refused port, a wrong password)
     ends the command at once, in one line, instead of being retried as an outage is.
 
+    A server that answers but cannot take the session yet (only a read-only standby up while
+    the URL asks for ``target_session_attrs=read-write``, mid-failover; starting up; in
+    recovery; out of connection slots) is waited for, up to ``wait`` seconds, with a
+    warning each attempt.
+
     Examples:
         connect_once(engine)  # CommandError: cannot connect to postgresql+psycopg://…: …
     """
-    try:
-        with engine.connect():
-            pass
-    except DBAPIError as exc:
-        raise _cannot_connect(engine.url, exc) from exc
+    waiting = _StartupWait(engine.url, wait)
+    while True:
+        try:
+            with engine.connect():
+                return
+        except DBAPIError as exc:
+            time.sleep(waiting.delay(exc))
 
 
-async def connect_once_async(engine: AsyncEngine) -> None:
+async def connect_once_async(engine: AsyncEngine, *, wait: float = STARTUP_WAIT) -> None:
     """`connect_once` on an `AsyncEngine`.
 
     Examples:
         await connect_once_async(engine)
     """
-    try:
-        async with engine.connect():
-            pass
-    except DBAPIError as exc:
-        raise _cannot_connect(engine.url, exc) from exc
+    waiting = _StartupWait(engine.url, wait)
+    while True:
+        try:
+            async with engine.connect():
+                return
+        except DBAPIError as exc:
+            await asyncio.sleep(waiting.delay(exc))
 
 
 def _database_error(url: URL, exc: DBAPIError) -> CommandError:

@@ -277,12 +277,15 @@ def _close_now(relay: Relay | AsyncRelay, made: Engine | AsyncEngine | None) -> 
 
 
 def _run_relay(relay: Relay, made: Engine | AsyncEngine | None, *, once: bool) -> None:
-    previous = {
-        signum: signal.signal(signum, lambda *_: relay.stop())
-        for signum in (signal.SIGTERM, signal.SIGINT)
-    }
+    previous: dict[int, Any] = {}
     try:
-        connect_once(relay.engine)  # a URL that cannot work fails now, in one line
+        # A URL that cannot work fails now, in one line; a server not ready yet is waited
+        # for, and a SIGTERM meanwhile ends the command as it would before the relay starts.
+        connect_once(relay.engine)
+        previous = {
+            signum: signal.signal(signum, lambda *_: relay.stop())
+            for signum in (signal.SIGTERM, signal.SIGINT)
+        }
         if once:
             print(_format_relay_report(relay.run_once()))
         else:
@@ -300,10 +303,10 @@ async def _run_async_relay(
     relay: AsyncRelay, made: Engine | AsyncEngine | None, *, once: bool
 ) -> None:
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, relay.stop)
     try:
-        await connect_once_async(relay.engine)  # a URL that cannot work fails now
+        await connect_once_async(relay.engine)  # as in _run_relay: before the handlers
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, relay.stop)
         if once:
             print(_format_relay_report(await relay.run_once()))
         else:
