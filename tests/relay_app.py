@@ -2,7 +2,8 @@
 
 It reads its settings from the environment the test gives the process:
 ``SA_OUTBOX_TEST_DATABASE_URL``, ``RELAY_APP_SCHEMA`` (the test schema of the outbox table),
-``RELAY_APP_STREAM`` (the Redis stream it publishes to), ``RELAY_APP_NAME``, and
+``RELAY_APP_STREAM`` (the Redis stream it publishes to), ``RELAY_APP_NAME``,
+``RELAY_APP_LEASE`` (seconds, default 600), and
 ``RELAY_APP_HANG_AFTER_PUBLISH`` — when set, the publisher writes ``published <ids>`` to
 stdout once Redis took a batch, then hangs, so the test can SIGKILL the process between the
 publish and the mark.
@@ -57,6 +58,6 @@ def relay() -> Relay:
         TaggedRedisPublisher(f"redis://{REDIS}/0", stream=os.environ["RELAY_APP_STREAM"]),
         name=os.environ.get("RELAY_APP_NAME"),
         batch=100,
-        lease=600,
+        lease=float(os.environ.get("RELAY_APP_LEASE", "600")),
         poll_interval=5,
     )
