@@ -12,7 +12,8 @@ fields. Table names are the user's (``__tablename__``); a schema is set with
 name: ``{table}_ready_idx``, ``{table}_dedup_idx``, …
 
 Beside the jobs and the outbox: `QueuePauseMixin` (the table of paused queues),
-`RateLimitLogMixin` (the recent claims that rate limits count), and `InboxMixin` /
+`RateLimitLogMixin` (the recent claims that rate limits count), `JobStepMixin` (durable
+steps' recorded results), and `InboxMixin` /
 `InboxDataclassMixin` (a consumer's table of the messages it handled, keyed by
 ``(source, message_id)``).
 
@@ -31,6 +32,7 @@ Examples:
 """
 
 from ._columns import inbox_table_args, job_table_args, outbox_table_args
+from ._job_steps import JobStepMixin
 from ._mixins import (
     InboxDataclassMixin,
     InboxMixin,
@@ -59,6 +61,7 @@ __all__ = [
     "JobDataclassMixin",
     "JobMixin",
     "JobStatus",
+    "JobStepMixin",
     "OutboxDataclassMixin",
     "OutboxMixin",
     "QueuePauseMixin",

@@ -23,7 +23,7 @@ from .._validation import (
     MAX_MESSAGE_ID_LENGTH,
     MAX_NAME_LENGTH,
 )
-from ._common import DEFAULT_MAX_PAYLOAD_BYTES
+from ._common import DEFAULT_MAX_PAYLOAD_BYTES, serialise
 from ._inbox import accept_message, prune_inbox
 from ._inspect import (
     MAX_THROUGHPUT_MINUTES,
@@ -89,6 +89,7 @@ from ._job_settle import (
     select_unique_held_failed_jobs,
     snooze_job,
 )
+from ._job_steps import record_job_step, select_job_steps
 from ._job_unique import DEFAULT_UNIQUE_STATES, Unique, has_unique_columns
 from ._maintenance import (
     PRUNE_LOCK_PREFIX,
@@ -240,6 +241,7 @@ __all__ = [
     "prune_lock",
     "queue_throughput",
     "reclaim_expired_jobs",
+    "record_job_step",
     "reject_events",
     "release_events",
     "release_jobs",
@@ -255,12 +257,14 @@ __all__ = [
     "select_events",
     "select_job",
     "select_job_statuses",
+    "select_job_steps",
     "select_jobs",
     "select_now",
     "select_parked_events",
     "select_paused_queues",
     "select_running_jobs",
     "select_unique_held_failed_jobs",
+    "serialise",
     "set_lock_timeout",
     "snooze_job",
     "table_has_trigger",

@@ -524,12 +524,15 @@ def prune_jobs(
     ),
     batch: int = 1000,
     clock: Clock | None = None,
+    steps: object | None = None,
 ) -> Delete:
     """Delete one batch of finished jobs last updated more than ``older_than`` ago.
 
     Only finished jobs (``succeeded``, ``failed``, ``cancelled``) may be pruned. Rows are
     picked with ``FOR UPDATE SKIP LOCKED`` so a prune never waits on (or holds up) the
-    queue; run it until it deletes fewer than ``batch`` rows.
+    queue; run it until it deletes fewer than ``batch`` rows. Given ``steps`` (the
+    `JobStepMixin` table), the recorded steps of the jobs deleted go in the same statement;
+    the row count is still the jobs'.
 
     Examples:
         >>> from sa_outbox.schema import JobMixin
@@ -560,7 +563,12 @@ def prune_jobs(
         .limit(size)
         .with_for_update(skip_locked=True)
     )
-    return delete(t).where(t.c.id.in_(doomed.scalar_subquery()))
+    if steps is None:
+        return delete(t).where(t.c.id.in_(doomed.scalar_subquery()))
+    s = table_of(steps)
+    picked = doomed.cte("doomed")
+    their_steps = delete(s).where(s.c.job_id.in_(select(picked.c.id))).cte("doomed_steps")
+    return delete(t).where(t.c.id.in_(select(picked.c.id))).add_cte(their_steps)
 
 
 def count_jobs_by_status(target: object) -> Select[tuple[JobStatus, int]]:

@@ -1,0 +1,72 @@
+"""Durable steps: read a job's recorded step results, and record one fenced by its lease."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Insert, Select, Text, bindparam, cast, select
+from sqlalchemy.dialects.postgresql import JSONB, insert
+
+from ..schema import JobStatus
+from ._common import table_of
+
+
+def select_job_steps(steps: object, job_id: object) -> Select[tuple[str, Any]]:
+    """The recorded steps of one job: ``name, result`` rows.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobStepMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class JobStep(JobStepMixin, Base): __tablename__ = "job_steps"
+        >>> print(select_job_steps(JobStep, uuid.UUID(int=1)))  # doctest: +NORMALIZE_WHITESPACE
+        SELECT job_steps.name, job_steps.result FROM job_steps
+        WHERE job_steps.job_id = :job_id_1
+    """
+    s = table_of(steps)
+    return select(s.c.name, s.c.result).where(s.c.job_id == job_id)
+
+
+def record_job_step(
+    jobs: object, steps: object, job_id: object, token: object, name: str, result_json: str
+) -> Insert:
+    """Record step ``name`` of a job with its result (JSON text), if the job is still
+    ``running`` under ``token``; returns the job's id when it did, no row when the lease
+    was lost (or the step was recorded already).
+
+    The job's row is locked ``FOR SHARE`` until the transaction ends, so a reclaim cannot
+    take the job between this check and the commit: what the step wrote in the same
+    transaction commits with its record, under a lease still held, or not at all.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.dialects import postgresql
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobMixin, JobStepMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> class JobStep(JobStepMixin, Base): __tablename__ = "job_steps"
+        >>> stmt = record_job_step(Job, JobStep, uuid.uuid4(), uuid.uuid4(), "charge", "42")
+        >>> sql = str(stmt.compile(dialect=postgresql.dialect()))
+        >>> "FOR SHARE" in sql and "ON CONFLICT" in sql
+        True
+    """
+    t, s = table_of(jobs), table_of(steps)
+    held = (
+        select(t.c.id)
+        .where(t.c.id == job_id, t.c.lease_token == token, t.c.status == JobStatus.RUNNING)
+        .with_for_update(read=True)
+        .cte("held")
+    )
+    rows = select(
+        held.c.id,
+        bindparam("step_name", name, type_=Text),
+        cast(bindparam("step_result", result_json, type_=Text), JSONB),
+    )
+    return (
+        insert(s)
+        .from_select(["job_id", "name", "result"], rows)
+        .on_conflict_do_nothing(index_elements=["job_id", "name"])
+        .returning(s.c.job_id)
+    )
