@@ -18,11 +18,13 @@ import logging
 import os
 import signal
 import threading
+import uuid
+from collections.abc import Callable
 
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from sa_outbox import Backoff, FakeClock, JobApp, JobContext, JobMixin, Worker
+from sa_outbox import Backoff, FakeClock, JobApp, JobContext, JobMixin, JobStepMixin, Worker
 
 SCHEMA = os.environ.setdefault("SA_OUTBOX_WORKER_SCHEMA", f"sa_outbox_workers_{os.getpid()}")
 #: The backoff of retries and of the reclaimer: short, so crash tests finish quickly.
@@ -38,7 +40,22 @@ class Job(JobMixin, Base):
     __table_schema__ = SCHEMA
 
 
-app = JobApp(Job, backoff=BACKOFF)
+class JobStep(JobStepMixin, Base):
+    __tablename__ = "job_steps"
+    __table_schema__ = SCHEMA
+
+
+class Effect(Base):
+    """What a durable step wrote: one row per (job, step) run that committed."""
+
+    __tablename__ = "effects"
+    __table_args__ = {"schema": SCHEMA}  # noqa: RUF012 - SQLAlchemy's own convention
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[uuid.UUID]
+    step: Mapped[str]
+
+
+app = JobApp(Job, backoff=BACKOFF, steps=JobStep)
 _ledger_fd: int | None = None
 
 
@@ -77,6 +94,25 @@ def kill_worker(job: JobContext) -> None:
     """A job that takes down every worker that runs it."""
     record(job)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.handler("stepped")
+def stepped(job: JobContext) -> None:
+    """Two durable steps, each writing an `Effect` row in its Session; with
+    ``payload["die"]`` the first attempt SIGKILLs its worker between them."""
+    record(job)
+
+    def effect(name: str) -> Callable[[Session], str]:
+        def write(db: Session) -> str:
+            db.add(Effect(job_id=job.id, step=name))
+            return name
+
+        return write
+
+    job.step("one", effect("one"), session=True)
+    if job.payload.get("die") and job.attempts == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    job.step("two", effect("two"), session=True)
 
 
 AUDIT_SQL = """

@@ -3,7 +3,7 @@
 
 The asyncio side is written by hand; its synchronous twin is generated from it, so the two
 cannot drift apart. ``CONVERSIONS`` lists the pairs (the relay, the worker, the job queue,
-the outbox, partition maintenance). Run from anywhere in the clone:
+the outbox, partition maintenance, durable steps). Run from anywhere in the clone:
 
     python tools/async_to_sync.py            # rewrite every generated file
     python tools/async_to_sync.py --check    # exit 1 and print a diff if one is stale
@@ -150,6 +150,8 @@ CONVERSIONS = [
             "AsyncListener": "Listener",
             "AsyncPruner": "Pruner",
             "AsyncReclaimer": "Reclaimer",
+            "AsyncSteps": "Steps",
+            "_steps_async": "_steps_sync",
             "async_call_retrying": "call_retrying",
             # the twins of sa_outbox/worker/_runtime.py
             "AsyncGate": "Gate",
@@ -224,6 +226,20 @@ CONVERSIONS = [
         text={
             "(on an `AsyncEngine`; `maintain_partitions` is generated from it)\nworks": (
                 "(and `amaintain_partitions`, its source, on an `AsyncEngine`)\nworks"
+            ),
+        },
+    ),
+    Conversion(
+        "sa_outbox/worker/_steps_async.py",
+        "sa_outbox/worker/_steps_sync.py",
+        names={"AsyncSteps": "Steps", "async_step_session": "step_session"},
+        text={
+            "Durable steps on an `AsyncEngine`: `AsyncSteps`, what `JobContext.astep` runs on.": (
+                "Durable steps on an `Engine`: `Steps`, what `JobContext.step` runs on."
+            ),
+            "handlers call `JobContext.astep`.": "handlers call `JobContext.step`.",
+            "sqlalchemy.ext.asyncio needs greenlet, which a plain install may lack": (
+                "only for the annotations"
             ),
         },
     ),

@@ -31,11 +31,13 @@ from ._targets import (
     add_inbox_target,
     add_job_target,
     add_outbox_target,
+    add_steps_target,
     connection,
     database,
     inbox_table,
     job_table,
     outbox_table,
+    steps_table,
 )
 
 _PRUNE_EXAMPLE = """\
@@ -73,13 +75,15 @@ def _add_prune(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "transaction, until nothing is left. Pending and running jobs, unpublished and "
             "parked events are never touched. If another pruner holds a table's lock, that "
             "table is skipped. Give the job table, the outbox table, the inbox table, or "
-            "several. Durations: 7d, 12h, 30m, 90s, 2w."
+            "several; with the job table, --steps-table prunes each job's durable steps with "
+            "it. Durations: 7d, 12h, 30m, 90s, 2w."
         ),
         epilog=_PRUNE_EXAMPLE,
     )
     add_job_target(parser)
     add_outbox_target(parser)
     add_inbox_target(parser)
+    add_steps_target(parser)
     parser.add_argument(
         "--older-than",
         metavar="DURATION",
@@ -194,11 +198,15 @@ def _prune(args: argparse.Namespace) -> int:
             jobs = job_table(args, conn, required=False)
             outbox = outbox_table(args, conn, required=False)
             inbox = inbox_table(args, conn, required=False)
+            steps = steps_table(args, conn)
+        if steps is not None and jobs is None:
+            raise CommandError("--steps-table is pruned with the job table: give --model too")
         pruner = Pruner(
             engine,
             jobs=jobs,
             outbox=outbox,
             inbox=inbox,
+            steps=steps,
             retention=retention,
             progress=progress,
         )

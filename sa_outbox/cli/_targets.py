@@ -33,6 +33,7 @@ _JOB_COLUMNS = frozenset(
 _OUTBOX_COLUMNS = frozenset({"id", "seq", "event_type", "published_at", "parked_at"})
 _PAUSE_COLUMNS = frozenset({"queue", "paused_at", "paused_by"})
 _INBOX_COLUMNS = frozenset({"source", "message_id", "received_at"})
+_STEP_COLUMNS = frozenset({"job_id", "name", "result"})
 #: The option that takes each kind of model, for the hint when a model is given to another.
 _MODEL_OPTION = {"job": "--model", "outbox": "--outbox-model", "inbox": "--inbox-model"}
 
@@ -150,6 +151,21 @@ def add_inbox_target(parser: argparse.ArgumentParser) -> None:
         "--inbox-table",
         "or the inbox table's name, read from the database, e.g. public.inbox",
     )
+
+
+def add_steps_target(parser: argparse.ArgumentParser) -> None:
+    """``--steps-table [SCHEMA.]TABLE``: the durable steps' table (`JobStepMixin`)."""
+    parser.add_argument(
+        "--steps-table",
+        metavar="TABLE",
+        help="the durable steps' table (JobStepMixin), pruned with the jobs, e.g. public.job_steps",
+    )
+
+
+def steps_table(args: argparse.Namespace, conn: Connection) -> Table | None:
+    """The steps table ``--steps-table`` names, if any (checked for its columns)."""
+    name = getattr(args, "steps_table", None)
+    return None if not name else _reflect(conn, name, "a steps", _STEP_COLUMNS)
 
 
 def add_json_and_target(

@@ -145,6 +145,7 @@ class _Base(Generic[E]):
         clock: Clock | None = None,
         progress: Progress | None = None,
         inbox: object | None = None,
+        steps: object | None = None,
     ) -> None:
         if jobs is None and outbox is None and inbox is None:
             raise InvalidArgument(
@@ -158,6 +159,8 @@ class _Base(Generic[E]):
         self.jobs = None if jobs is None else resolve_table(jobs)
         self.outbox = None if outbox is None else resolve_table(outbox)
         self.inbox = None if inbox is None else inbox_table(inbox)
+        #: The `JobStepMixin` table: a job's recorded steps are pruned with the job.
+        self.steps = None if steps is None else resolve_table(steps)
         self.retention = retention
         self.clock = clock
         self.progress = progress
@@ -179,6 +182,7 @@ class _Base(Generic[E]):
                     statuses=(status,),
                     batch=r.batch,
                     clock=self.clock,
+                    steps=self.steps,
                 )
                 yield _Task(self.jobs.fullname, str(status), st.prune_lock(self.jobs), delete)
         window = r.window("published")
@@ -228,7 +232,8 @@ class Pruner(_Base["Engine"]):
     rows, for each of succeeded, failed and cancelled jobs, published events and inbox
     entries whose window is not ``None``. ``progress(table, what, deleted, report)`` is
     called after every batch. Give any of ``jobs``, ``outbox`` and ``inbox`` (an
-    `InboxMixin` model).
+    `InboxMixin` model); with ``jobs``, ``steps`` (a `JobStepMixin` model) prunes each job's
+    recorded steps with it.
 
     Examples:
         pruner = Pruner(engine, jobs=Job, retention=Retention(succeeded=86400, failed=None))

@@ -25,6 +25,7 @@ from .errors import (
     JobTimeout,
     PermanentError,
     Snooze,
+    StepsUnavailable,
     UnknownJobKind,
 )
 from .metrics import CountingMetrics, JobOutcome, WorkerMetrics
@@ -55,6 +56,7 @@ __all__ = [
     "Schedule",
     "ScheduleStatus",
     "Snooze",
+    "StepsUnavailable",
     "Supervisor",
     "Tick",
     "UnknownJobKind",

@@ -32,6 +32,8 @@ from ..ops import ClaimParams, JobOps, Op
 from ..queue import BatchResult, ClaimedJob
 from ..schema import JobStatus
 from ._settings import PREFETCH_BATCHES, PREFETCH_HORIZON, Settings, error_text, log
+from ._steps_async import AsyncSteps
+from ._steps_sync import Steps
 from .context import CancelReason, JobContext
 from .errors import (
     InvalidPayload,
@@ -134,6 +136,8 @@ class Core:
         self.backlog = False
         self.next_poll = timer()
         self.stopping = False
+        #: What `JobContext.step` runs on: set by the worker when the app has a steps table.
+        self.steps: Steps | AsyncSteps | None = None
         limits = app.limits
         #: What this worker's claims ask for (the batch aside: `claim_params_for`).
         self.claim_params = ClaimParams(
@@ -256,7 +260,7 @@ class Core:
             spec = self.app.get(job.kind)
             entry = Entry(
                 job=job,
-                context=JobContext(job, check=self._check_followup),
+                context=JobContext(job, check=self._check_followup, steps=self.steps),
                 spec=spec,
                 claimed_at=claimed_at,
                 lease_deadline=claimed_at + self.settings.lease,

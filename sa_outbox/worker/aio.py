@@ -46,6 +46,7 @@ from ._runtime import (
     require_async_engine,
 )
 from ._spans import end_job_span, job_span
+from ._steps_async import AsyncSteps
 from .errors import DatabaseUnreachable, Snooze
 from .listen import AsyncListener
 from .metrics import WorkerMetrics
@@ -144,6 +145,9 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         engine, timer = self.engine, self.timer
         # The loop's connection: kept by `run` between batches, by a step for its duration.
         self._held: AsyncHeldConnection = AsyncHeldConnection(engine)
+        steps = self.app.steps_table
+        if steps is not None:
+            self.core.steps = AsyncSteps(engine, self.app.table, steps)
         self.reclaimer = AsyncReclaimer(
             self.app,
             engine,
@@ -154,7 +158,13 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         self.pruner = (
             None
             if retention is None
-            else AsyncPruner(engine, jobs=self.app.model, retention=retention, clock=clock)
+            else AsyncPruner(
+                engine,
+                jobs=self.app.model,
+                retention=retention,
+                clock=clock,
+                steps=self.app.steps_table,
+            )
         )
         self.vacuumer = (
             None if vacuum is None else AsyncVacuumer(engine, self.app.model, vacuum, timer=timer)

@@ -21,13 +21,18 @@ import enum
 import threading
 import types
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from .._tracing import current_trace_headers
 from ..queue import ClaimedJob
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, Unique
-from .errors import JobCancelled
+from ._steps import SessionChoice, check_step
+from ._steps_async import AsyncSteps
+from ._steps_sync import Steps
+from .errors import JobCancelled, StepsUnavailable
+
+T = TypeVar("T")
 
 __all__ = ["CancelReason", "CancelToken", "JobContext"]
 
@@ -172,7 +177,7 @@ class JobContext:
             job.enqueue("index-order", {"order_id": order.id})
     """
 
-    __slots__ = ("_check", "_followups", "cancel", "claimed", "payload")
+    __slots__ = ("_check", "_followups", "_recorded", "_steps", "cancel", "claimed", "payload")
 
     def __init__(
         self,
@@ -181,8 +186,11 @@ class JobContext:
         *,
         parsed: bool = False,
         check: Callable[[NewJob], object] | None = None,
+        steps: Steps | AsyncSteps | None = None,
     ) -> None:
         self.claimed = claimed
+        self._steps = steps
+        self._recorded: dict[str, Any] | None = None
         self.payload: Any = payload if parsed else claimed.payload
         self.cancel = CancelToken()
         self._followups: list[NewJob] | None = None  # most jobs enqueue none
@@ -292,6 +300,73 @@ class JobContext:
         if self._followups is None:
             self._followups = []
         self._followups.append(job)
+
+    def step(self, name: str, fn: Callable[..., T], *, session: SessionChoice = False) -> T:
+        """Run step ``name`` once: its recorded result if an earlier attempt completed it,
+        else ``fn`` run now and its result (JSON, at most 1 MiB) recorded under the lease.
+
+        A retry after a crash or an error resumes after the last completed step. With
+        ``session=True`` (or your ``sessionmaker``, to keep its ``sa_outbox.install`` hooks)
+        ``fn`` gets a Session: what it writes and the step's record commit in one
+        transaction, so the step's effects in the database happen exactly once. Without, the
+        step may run again if the worker dies between ``fn`` and the record (at least once:
+        make it idempotent). The result returned is the recorded one (JSON round trip),
+        the same on every attempt. A lease lost before the record raises `LeaseLost` (and
+        rolls back the Session's writes). Needs ``JobApp(Job, steps=JobStep)`` and a thread
+        `Worker`; in an ``async def`` handler, use `astep`. Give each step its own name
+        (``f"charge-{i}"`` in a loop).
+
+        Examples:
+            @app.handler("place-order")
+            def place_order(job: JobContext) -> None:
+                order_id = job.step("reserve", lambda db: reserve_stock(db, job.payload),
+                                    session=True)
+                charge = job.step("charge", lambda: payments.charge(order_id))
+                job.step("ship", lambda: shipping.create(order_id, charge["id"]))
+        """
+        steps = self._steps
+        if not isinstance(steps, Steps):
+            raise StepsUnavailable(self._no_steps("step", "astep", steps))
+        checked = check_step(name, fn, session)
+        if self._recorded is None:
+            self._recorded = steps.recorded(self.id)
+        result: T = steps.run(self.id, self.lease_token, self._recorded, checked, fn, session)
+        return result
+
+    async def astep(
+        self, name: str, fn: Callable[..., T | Awaitable[T]], *, session: SessionChoice = False
+    ) -> T:
+        """`step` for ``async def`` handlers on an `AsyncWorker`: ``fn`` may be a coroutine
+        function; with ``session`` it gets an `AsyncSession` (or your
+        ``async_sessionmaker``'s).
+
+        Examples:
+            @app.handler("place-order")
+            async def place_order(job: JobContext) -> None:
+                async def reserve(db: AsyncSession) -> int:
+                    db.add(Reservation(order=job.payload["order"]))
+                    return job.payload["order"]
+
+                order_id = await job.astep("reserve", reserve, session=True)
+                await job.astep("charge", lambda: payments.charge(order_id))
+        """
+        steps = self._steps
+        if not isinstance(steps, AsyncSteps):
+            raise StepsUnavailable(self._no_steps("astep", "step", steps))
+        checked = check_step(name, fn, session)
+        if self._recorded is None:
+            self._recorded = await steps.recorded(self.id)
+        result: T = await steps.run(self.id, self.lease_token, self._recorded, checked, fn, session)
+        return result
+
+    def _no_steps(self, called: str, other: str, steps: object) -> str:
+        if steps is None:
+            return (
+                f"job.{called}() needs a steps table: JobApp(Job, steps=JobStep), with JobStep "
+                "a model on sa_outbox.schema.JobStepMixin"
+            )
+        worker = "AsyncWorker" if isinstance(steps, AsyncSteps) else "Worker"
+        return f"job.{called}() cannot run on a {worker}: use job.{other}() there"
 
     @property
     def followups(self) -> list[NewJob]:

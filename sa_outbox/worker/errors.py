@@ -4,7 +4,8 @@ A handler raises `PermanentError` (or a subclass) when retrying cannot help: the
 ``failed`` at once. The worker itself records `UnknownJobKind` (no handler for the kind),
 `InvalidPayload` (the kind's ``parse`` refused the payload) and `JobTimeout` (the kind's
 timeout passed: retried like any transient error) in ``last_error``. `JobCancelled` is what
-`CancelToken.raise_if_cancelled` raises inside a handler. `Snooze` is not an error: a
+`CancelToken.raise_if_cancelled` raises inside a handler; `StepsUnavailable`, a durable
+step called where it cannot run. `Snooze` is not an error: a
 handler returns or raises it to run its job again later, without counting a failure.
 
 Examples:
@@ -27,6 +28,7 @@ __all__ = [
     "JobTimeout",
     "PermanentError",
     "Snooze",
+    "StepsUnavailable",
     "UnknownJobKind",
 ]
 
@@ -123,3 +125,14 @@ class Snooze(SaOutboxError):
 
     def __repr__(self) -> str:
         return f"Snooze({self.delay.total_seconds():g})"
+
+
+class StepsUnavailable(PermanentError):
+    """`JobContext.step` / `JobContext.astep` called where it cannot run: no steps table on
+    the `JobApp`, or ``step`` in an asyncio worker (``astep`` in a thread one). A mistake in
+    the code, not in the job: the job fails at once.
+
+    Examples:
+        >>> isinstance(StepsUnavailable("no steps table"), PermanentError)
+        True
+    """

@@ -182,6 +182,9 @@ class JobApp:
     per payload key if asked, or start per period; ``rate_log`` is the `RateLimitLogMixin`
     table rate limits count in. See docs/control.md, "Concurrency and rate limits".
 
+    Durable steps: ``steps`` is the `JobStepMixin` table in which `JobContext.step` records
+    each completed step, so a retry resumes after it. See docs/steps.md.
+
     Examples:
         app = JobApp(Job, backoff=Backoff(base=1, max=300, jitter=1))
 
@@ -197,9 +200,11 @@ class JobApp:
         handlers: Mapping[str, Handler] | None = None,
         backoff: Backoff | None = None,
         rate_log: object | None = None,
+        steps: object | None = None,
     ) -> None:
         self._table = resolve_table(model)
         self._rate_log = None if rate_log is None else resolve_table(rate_log)
+        self._steps = None if steps is None else resolve_table(steps)
         self._limits: dict[str, Limit] = {}
         self.model = model
         if backoff is not None and not isinstance(backoff, Backoff):
@@ -219,6 +224,11 @@ class JobApp:
     def table(self) -> Table:
         """The job table."""
         return self._table
+
+    @property
+    def steps_table(self) -> Table | None:
+        """The `JobStepMixin` table durable steps record in (``steps=``), if any."""
+        return self._steps
 
     @property
     def kinds(self) -> tuple[str, ...]:

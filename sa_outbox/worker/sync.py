@@ -48,6 +48,7 @@ from ._runtime import (
     wait_event,
 )
 from ._spans import end_job_span, job_span
+from ._steps_sync import Steps
 from .errors import DatabaseUnreachable, Snooze
 from .listen import Listener
 from .metrics import WorkerMetrics
@@ -141,6 +142,9 @@ class Worker(DriverBase["Engine"]):
         engine, timer = self.engine, self.timer
         # The loop's connection: kept by `run` between batches, by a step for its duration.
         self._held: HeldConnection = HeldConnection(engine)
+        steps = self.app.steps_table
+        if steps is not None:
+            self.core.steps = Steps(engine, self.app.table, steps)
         self.reclaimer = Reclaimer(
             self.app,
             engine,
@@ -151,7 +155,13 @@ class Worker(DriverBase["Engine"]):
         self.pruner = (
             None
             if retention is None
-            else Pruner(engine, jobs=self.app.model, retention=retention, clock=clock)
+            else Pruner(
+                engine,
+                jobs=self.app.model,
+                retention=retention,
+                clock=clock,
+                steps=self.app.steps_table,
+            )
         )
         self.vacuumer = (
             None if vacuum is None else Vacuumer(engine, self.app.model, vacuum, timer=timer)

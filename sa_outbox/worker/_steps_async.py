@@ -1,0 +1,82 @@
+"""Durable steps on an `AsyncEngine`: `AsyncSteps`, what `JobContext.astep` runs on."""
+
+from __future__ import annotations
+
+import inspect  # async-only
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Table
+
+from .. import statements as st
+from ._steps import (
+    SessionChoice,
+    async_step_session,
+    lease_lost,
+    recorded_value,
+    result_json,
+)
+
+if TYPE_CHECKING:  # sqlalchemy.ext.asyncio needs greenlet, which a plain install may lack
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+
+class AsyncSteps:
+    """Runs and records a job's named steps in the ``steps`` table (`JobStepMixin`).
+
+    A worker builds one when its `JobApp` has a steps table (``JobApp(Job, steps=JobStep)``)
+    and hands it to each job's context; handlers call `JobContext.astep`.
+
+    Examples:
+        steps = AsyncSteps(async_engine, Job.__table__, JobStep.__table__)
+        recorded = await steps.recorded(job_id)
+        total = await steps.run(job_id, token, recorded, "total", lambda: 42, False)
+    """
+
+    def __init__(self, engine: AsyncEngine, jobs: Table, steps: Table) -> None:
+        self.engine = engine
+        self.jobs = jobs
+        self.steps = steps
+
+    async def recorded(self, job_id: uuid.UUID) -> dict[str, Any]:
+        """The results recorded so far for the job's steps, by name."""
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(st.select_job_steps(self.steps, job_id))).all()
+        return {name: result for name, result in rows}
+
+    async def run(
+        self,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        recorded: dict[str, Any],
+        name: str,
+        fn: Callable[..., Any],
+        session: SessionChoice,
+    ) -> Any:
+        """Step ``name``: its recorded result, or ``fn`` run and its result recorded, fenced
+        by the lease ``token`` (`LeaseLost` when the job was taken away: nothing recorded,
+        and what ``fn`` wrote in the step's Session rolled back)."""
+        if name in recorded:
+            return recorded[name]
+        if session is False:
+            value = fn()
+            if inspect.isawaitable(value):  # async-only
+                value = await value
+            text = result_json(value, name, job_id)
+            async with self.engine.begin() as conn:
+                stmt = st.record_job_step(self.jobs, self.steps, job_id, token, name, text)
+                if (await conn.execute(stmt)).first() is None:
+                    raise lease_lost(job_id, token, name)
+        else:
+            async with async_step_session(self.engine, session) as db, db.begin():
+                value = fn(db)
+                if inspect.isawaitable(value):  # async-only
+                    value = await value
+                await db.flush()
+                text = result_json(value, name, job_id)
+                stmt = st.record_job_step(self.jobs, self.steps, job_id, token, name, text)
+                if (await db.execute(stmt)).first() is None:
+                    raise lease_lost(job_id, token, name)  # rolls the step's rows back
+        recorded[name] = result = recorded_value(text)
+        return result

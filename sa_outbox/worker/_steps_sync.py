@@ -1,0 +1,79 @@
+# generated from _steps_async.py by tools/async_to_sync.py — do not edit
+# (edit _steps_async.py and run `python tools/async_to_sync.py`)
+"""Durable steps on an `Engine`: `Steps`, what `JobContext.step` runs on."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Table
+
+from .. import statements as st
+from ._steps import (
+    SessionChoice,
+    lease_lost,
+    recorded_value,
+    result_json,
+    step_session,
+)
+
+if TYPE_CHECKING:  # only for the annotations
+    from sqlalchemy import Engine
+
+
+class Steps:
+    """Runs and records a job's named steps in the ``steps`` table (`JobStepMixin`).
+
+    A worker builds one when its `JobApp` has a steps table (``JobApp(Job, steps=JobStep)``)
+    and hands it to each job's context; handlers call `JobContext.step`.
+
+    Examples:
+        steps = Steps(engine, Job.__table__, JobStep.__table__)
+        recorded = steps.recorded(job_id)
+        total = steps.run(job_id, token, recorded, "total", lambda: 42, False)
+    """
+
+    def __init__(self, engine: Engine, jobs: Table, steps: Table) -> None:
+        self.engine = engine
+        self.jobs = jobs
+        self.steps = steps
+
+    def recorded(self, job_id: uuid.UUID) -> dict[str, Any]:
+        """The results recorded so far for the job's steps, by name."""
+        with self.engine.connect() as conn:
+            rows = (conn.execute(st.select_job_steps(self.steps, job_id))).all()
+        return {name: result for name, result in rows}
+
+    def run(
+        self,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        recorded: dict[str, Any],
+        name: str,
+        fn: Callable[..., Any],
+        session: SessionChoice,
+    ) -> Any:
+        """Step ``name``: its recorded result, or ``fn`` run and its result recorded, fenced
+        by the lease ``token`` (`LeaseLost` when the job was taken away: nothing recorded,
+        and what ``fn`` wrote in the step's Session rolled back)."""
+        if name in recorded:
+            return recorded[name]
+        if session is False:
+            value = fn()
+            text = result_json(value, name, job_id)
+            with self.engine.begin() as conn:
+                stmt = st.record_job_step(self.jobs, self.steps, job_id, token, name, text)
+                if (conn.execute(stmt)).first() is None:
+                    raise lease_lost(job_id, token, name)
+        else:
+            with step_session(self.engine, session) as db, db.begin():
+                value = fn(db)
+                db.flush()
+                text = result_json(value, name, job_id)
+                stmt = st.record_job_step(self.jobs, self.steps, job_id, token, name, text)
+                if (db.execute(stmt)).first() is None:
+                    raise lease_lost(job_id, token, name)  # rolls the step's rows back
+        recorded[name] = result = recorded_value(text)
+        return result
