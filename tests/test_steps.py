@@ -42,7 +42,7 @@ from sa_outbox.cli import main as cli_main
 from sa_outbox.worker import Reclaimer
 from sa_outbox.worker._steps_sync import Steps
 
-from .conftest import TEST_SCHEMA, Job, Order
+from .conftest import TEST_SCHEMA, WORKER_T0, Job, Order
 from .helpers import job_row, jobs_by_status, wait_until
 from .test_worker_faults import counts as fault_counts
 from .test_worker_faults import enqueue as enqueue_jobs
@@ -313,3 +313,73 @@ def test_workers_sigkilled_between_steps_leave_every_steps_rows_exactly_once(
     assert {n for _, _, n in effects} == {1} and recorded == 60
     died = [line for line in ledger_lines(ledger) if line[0] == str(ids[0])]
     assert [(attempts, pid) for _, _, attempts, pid in died] == [(1, a.pid), (2, b.pid)]
+
+
+def test_a_durable_sleep_frees_the_worker_and_resumes_at_its_wake_up_time(
+    engine: Engine,
+    steps_table: None,
+    queue: JobQueue,
+    clock: FakeClock,
+    make_worker: Callable[..., Worker],
+) -> None:
+    runs: collections.Counter[str] = collections.Counter()
+    app = JobApp(Job, backoff=NO_JITTER, steps=JobStep)
+
+    @app.handler("trial")
+    def trial(job: JobContext) -> None:
+        job.step("welcome", lambda: runs.update(["welcome"]))
+        job.sleep("trial-period", dt.timedelta(minutes=10))
+        job.step("convert", lambda: runs.update(["convert"]))
+
+    job_id = enqueue(engine, queue, "trial")
+    worker = make_worker(app)
+    assert worker.drain(timeout=WAIT) == 1
+    row = job_row(engine, job_id)
+    wake = WORKER_T0 + dt.timedelta(minutes=10)
+    assert (row.status, row.attempts, row.run_at) == ("pending", 0, wake)  # a snooze
+    assert runs == {"welcome": 1}
+
+    # Woken early (a retry by hand, say): it sleeps again for what is left, not 10 minutes.
+    with engine.begin() as conn:
+        conn.execute(
+            text(f"UPDATE {TEST_SCHEMA}.jobs SET run_at = :at"),
+            {"at": WORKER_T0 + dt.timedelta(minutes=4)},
+        )
+    clock.advance(dt.timedelta(minutes=4))
+    assert worker.drain(timeout=WAIT) == 1
+    assert job_row(engine, job_id).run_at == wake and runs == {"welcome": 1}
+
+    clock.advance(dt.timedelta(minutes=5))
+    assert worker.drain(timeout=WAIT) == 0  # not due yet
+    clock.advance(dt.timedelta(minutes=1))
+    assert worker.drain(timeout=WAIT) == 1
+    row = job_row(engine, job_id)
+    assert (row.status, row.attempts) == ("succeeded", 1)
+    assert runs == {"welcome": 1, "convert": 1}
+    assert set(recorded(engine)) == {"welcome", "trial-period", "convert"}
+
+
+async def test_an_async_durable_sleep_resumes_at_its_wake_up_time(
+    engine: Engine,
+    steps_table: None,
+    queue: JobQueue,
+    clock: FakeClock,
+    make_async_worker: Callable[..., AsyncWorker],
+) -> None:
+    runs: collections.Counter[str] = collections.Counter()
+    app = JobApp(Job, backoff=NO_JITTER, steps=JobStep)
+
+    @app.handler("trial")
+    async def trial(job: JobContext) -> None:
+        await job.astep("welcome", lambda: runs.update(["welcome"]))
+        await job.asleep("trial-period", 600)
+        runs["after"] += 1
+
+    job_id = enqueue(engine, queue, "trial")
+    worker = make_async_worker(app)
+    assert await worker.drain(timeout=WAIT) == 1
+    assert job_row(engine, job_id).status == "pending" and runs == {"welcome": 1}
+    clock.advance(600)
+    assert await worker.drain(timeout=WAIT) == 1
+    assert job_row(engine, job_id).status == "succeeded"
+    assert runs == {"welcome": 1, "after": 1}

@@ -87,9 +87,10 @@ from ._job_settle import (
     retry_failed_jobs,
     retry_job,
     select_unique_held_failed_jobs,
+    snooze_delay,
     snooze_job,
 )
-from ._job_steps import record_job_step, select_job_steps
+from ._job_steps import record_job_sleep, record_job_step, select_job_steps, sleep_left
 from ._job_unique import DEFAULT_UNIQUE_STATES, Unique, has_unique_columns
 from ._maintenance import (
     PRUNE_LOCK_PREFIX,
@@ -241,6 +242,7 @@ __all__ = [
     "prune_lock",
     "queue_throughput",
     "reclaim_expired_jobs",
+    "record_job_sleep",
     "record_job_step",
     "reject_events",
     "release_events",
@@ -266,6 +268,8 @@ __all__ = [
     "select_unique_held_failed_jobs",
     "serialise",
     "set_lock_timeout",
+    "sleep_left",
+    "snooze_delay",
     "snooze_job",
     "table_has_trigger",
     "table_layout",

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from sqlalchemy import Insert, Select, Text, bindparam, cast, select
+from sqlalchemy import DateTime, Float, Insert, Select, Text, bindparam, cast, func, select
 from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.sql.elements import ColumnElement
 
+from .._clock import Clock
 from ..schema import JobStatus
-from ._common import table_of
+from ._common import interval, now_of, table_of
 
 
 def select_job_steps(steps: object, job_id: object) -> Select[tuple[str, Any]]:
@@ -32,7 +35,7 @@ def record_job_step(
     jobs: object, steps: object, job_id: object, token: object, name: str, result_json: str
 ) -> Insert:
     """Record step ``name`` of a job with its result (JSON text), if the job is still
-    ``running`` under ``token``; returns the job's id when it did, no row when the lease
+    ``running`` under ``token``; returns ``job_id, result`` when it did, no row when the lease
     was lost (or the step was recorded already).
 
     The job's row is locked ``FOR SHARE`` until the transaction ends, so a reclaim cannot
@@ -52,6 +55,66 @@ def record_job_step(
         >>> "FOR SHARE" in sql and "ON CONFLICT" in sql
         True
     """
+    return _record(
+        jobs,
+        steps,
+        job_id,
+        token,
+        name,
+        cast(bindparam("step_result", result_json, type_=Text), JSONB),
+    )
+
+
+def record_job_sleep(
+    jobs: object,
+    steps: object,
+    job_id: object,
+    token: object,
+    name: str,
+    delay: dt.timedelta,
+    *,
+    clock: Clock | None = None,
+) -> Insert:
+    """Record durable sleep ``name`` of a job: its wake-up time, ``now + delay`` on the
+    statement's clock, as the step's result (a JSON string), fenced as `record_job_step`;
+    returns the recorded ``result``, no row when the lease was lost.
+
+    Examples:
+        >>> import datetime as dt, uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobMixin, JobStepMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> class JobStep(JobStepMixin, Base): __tablename__ = "job_steps"
+        >>> stmt = record_job_sleep(Job, JobStep, uuid.uuid4(), uuid.uuid4(), "cool-off",
+        ...                         dt.timedelta(hours=1))
+        >>> "to_jsonb" in str(stmt)
+        True
+    """
+    wake = func.to_jsonb(now_of(clock) + interval(delay))
+    return _record(jobs, steps, job_id, token, name, wake)
+
+
+def sleep_left(wake: str, *, clock: Clock | None = None) -> Select[Any]:
+    """Seconds from now (the statement's clock) until ``wake``, an ISO time as
+    `record_job_sleep` records it; zero or less once it has passed.
+
+    Examples:
+        >>> "extract" in str(sleep_left("2030-01-01T00:00:00+00:00")).lower()
+        True
+    """
+    until = cast(bindparam("wake", wake, type_=Text), DateTime(timezone=True))
+    return select(cast(func.extract("epoch", until - now_of(clock)), Float))
+
+
+def _record(
+    jobs: object,
+    steps: object,
+    job_id: object,
+    token: object,
+    name: str,
+    result: ColumnElement[Any],
+) -> Insert:
     t, s = table_of(jobs), table_of(steps)
     held = (
         select(t.c.id)
@@ -59,14 +122,10 @@ def record_job_step(
         .with_for_update(read=True)
         .cte("held")
     )
-    rows = select(
-        held.c.id,
-        bindparam("step_name", name, type_=Text),
-        cast(bindparam("step_result", result_json, type_=Text), JSONB),
-    )
+    rows = select(held.c.id, bindparam("step_name", name, type_=Text), result)
     return (
         insert(s)
         .from_select(["job_id", "name", "result"], rows)
         .on_conflict_do_nothing(index_elements=["job_id", "name"])
-        .returning(s.c.job_id)
+        .returning(s.c.job_id, s.c.result)
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect  # async-only
 import uuid
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Table
 
 from .. import statements as st
+from .._clock import Clock
 from ._steps import (
     SessionChoice,
     async_step_session,
@@ -17,6 +19,7 @@ from ._steps import (
     recorded_value,
     result_json,
 )
+from .errors import Snooze
 
 if TYPE_CHECKING:  # sqlalchemy.ext.asyncio needs greenlet, which a plain install may lack
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -32,12 +35,16 @@ class AsyncSteps:
         steps = AsyncSteps(async_engine, Job.__table__, JobStep.__table__)
         recorded = await steps.recorded(job_id)
         total = await steps.run(job_id, token, recorded, "total", lambda: 42, False)
+        await steps.sleep(job_id, token, recorded, "cool-off", dt.timedelta(hours=1))
     """
 
-    def __init__(self, engine: AsyncEngine, jobs: Table, steps: Table) -> None:
+    def __init__(
+        self, engine: AsyncEngine, jobs: Table, steps: Table, *, clock: Clock | None = None
+    ) -> None:
         self.engine = engine
         self.jobs = jobs
         self.steps = steps
+        self.clock = clock
 
     async def recorded(self, job_id: uuid.UUID) -> dict[str, Any]:
         """The results recorded so far for the job's steps, by name."""
@@ -80,3 +87,32 @@ class AsyncSteps:
                     raise lease_lost(job_id, token, name)  # rolls the step's rows back
         recorded[name] = result = recorded_value(text)
         return result
+
+    async def sleep(
+        self,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        recorded: dict[str, Any],
+        name: str,
+        delay: dt.timedelta,
+    ) -> None:
+        """Durable sleep ``name``: returns once its wake-up time (recorded at the first call,
+        ``now + delay`` on the database's clock) has passed; until then raises `Snooze`
+        for the time left, which ends this run and frees its worker."""
+        wake = recorded.get(name)
+        if wake is None:
+            stmt = st.record_job_sleep(
+                self.jobs, self.steps, job_id, token, name, delay, clock=self.clock
+            )
+            async with self.engine.begin() as conn:
+                row = (await conn.execute(stmt)).first()
+            if row is None:
+                raise lease_lost(job_id, token, name)
+            recorded[name] = row[1]
+            left = delay.total_seconds()
+        else:
+            async with self.engine.connect() as conn:
+                found = await conn.execute(st.sleep_left(str(wake), clock=self.clock))
+                left = float(found.scalar_one())
+        if left > 0:
+            raise Snooze(left)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Table
 
 from .. import statements as st
+from .._clock import Clock
 from ._steps import (
     SessionChoice,
     lease_lost,
@@ -18,6 +20,7 @@ from ._steps import (
     result_json,
     step_session,
 )
+from .errors import Snooze
 
 if TYPE_CHECKING:  # only for the annotations
     from sqlalchemy import Engine
@@ -33,12 +36,16 @@ class Steps:
         steps = Steps(engine, Job.__table__, JobStep.__table__)
         recorded = steps.recorded(job_id)
         total = steps.run(job_id, token, recorded, "total", lambda: 42, False)
+        steps.sleep(job_id, token, recorded, "cool-off", dt.timedelta(hours=1))
     """
 
-    def __init__(self, engine: Engine, jobs: Table, steps: Table) -> None:
+    def __init__(
+        self, engine: Engine, jobs: Table, steps: Table, *, clock: Clock | None = None
+    ) -> None:
         self.engine = engine
         self.jobs = jobs
         self.steps = steps
+        self.clock = clock
 
     def recorded(self, job_id: uuid.UUID) -> dict[str, Any]:
         """The results recorded so far for the job's steps, by name."""
@@ -77,3 +84,32 @@ class Steps:
                     raise lease_lost(job_id, token, name)  # rolls the step's rows back
         recorded[name] = result = recorded_value(text)
         return result
+
+    def sleep(
+        self,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        recorded: dict[str, Any],
+        name: str,
+        delay: dt.timedelta,
+    ) -> None:
+        """Durable sleep ``name``: returns once its wake-up time (recorded at the first call,
+        ``now + delay`` on the database's clock) has passed; until then raises `Snooze`
+        for the time left, which ends this run and frees its worker."""
+        wake = recorded.get(name)
+        if wake is None:
+            stmt = st.record_job_sleep(
+                self.jobs, self.steps, job_id, token, name, delay, clock=self.clock
+            )
+            with self.engine.begin() as conn:
+                row = (conn.execute(stmt)).first()
+            if row is None:
+                raise lease_lost(job_id, token, name)
+            recorded[name] = row[1]
+            left = delay.total_seconds()
+        else:
+            with self.engine.connect() as conn:
+                found = conn.execute(st.sleep_left(str(wake), clock=self.clock))
+                left = float(found.scalar_one())
+        if left > 0:
+            raise Snooze(left)

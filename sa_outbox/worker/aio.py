@@ -147,7 +147,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         self._held: AsyncHeldConnection = AsyncHeldConnection(engine)
         steps = self.app.steps_table
         if steps is not None:
-            self.core.steps = AsyncSteps(engine, self.app.table, steps)
+            self.core.steps = AsyncSteps(engine, self.app.table, steps, clock=clock)
         self.reclaimer = AsyncReclaimer(
             self.app,
             engine,

@@ -26,13 +26,18 @@ from typing import Any, TypeVar
 
 from .._tracing import current_trace_headers
 from ..queue import ClaimedJob
-from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, Unique
+from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, Unique, snooze_delay
 from ._steps import SessionChoice, check_step
 from ._steps_async import AsyncSteps
 from ._steps_sync import Steps
 from .errors import JobCancelled, StepsUnavailable
 
 T = TypeVar("T")
+
+
+def _nothing() -> None:
+    return None
+
 
 __all__ = ["CancelReason", "CancelToken", "JobContext"]
 
@@ -358,6 +363,47 @@ class JobContext:
             self._recorded = await steps.recorded(self.id)
         result: T = await steps.run(self.id, self.lease_token, self._recorded, checked, fn, session)
         return result
+
+    def sleep(self, name: str, delay: dt.timedelta | float) -> None:
+        """Wait ``delay`` durably, without holding a worker while waiting.
+
+        The first call records the wake-up time (``now + delay`` on the database's clock)
+        as step ``name`` and ends this run with `Snooze` (the attempt given back, the worker
+        free for other jobs); the job runs again at that time, its earlier steps return
+        their recorded results, and this call returns. Let the `Snooze` it raises propagate
+        (do not catch it with ``except Exception``). Up to a year. `asleep` in ``async
+        def`` handlers.
+
+        Examples:
+            @app.handler("trial")
+            def trial(job: JobContext) -> None:
+                job.step("welcome", lambda: mailer.send_welcome(job.payload["user"]))
+                job.sleep("trial-period", dt.timedelta(days=14))
+                job.step("convert", lambda: billing.start(job.payload["user"]))
+        """
+        steps = self._steps
+        if not isinstance(steps, Steps):
+            raise StepsUnavailable(self._no_steps("sleep", "asleep", steps))
+        checked = check_step(name, _nothing, False)
+        wait = snooze_delay(delay)
+        if self._recorded is None:
+            self._recorded = steps.recorded(self.id)
+        steps.sleep(self.id, self.lease_token, self._recorded, checked, wait)
+
+    async def asleep(self, name: str, delay: dt.timedelta | float) -> None:
+        """`sleep` for ``async def`` handlers on an `AsyncWorker`.
+
+        Examples:
+            await job.asleep("trial-period", dt.timedelta(days=14))
+        """
+        steps = self._steps
+        if not isinstance(steps, AsyncSteps):
+            raise StepsUnavailable(self._no_steps("asleep", "sleep", steps))
+        checked = check_step(name, _nothing, False)
+        wait = snooze_delay(delay)
+        if self._recorded is None:
+            self._recorded = await steps.recorded(self.id)
+        await steps.sleep(self.id, self.lease_token, self._recorded, checked, wait)
 
     def _no_steps(self, called: str, other: str, steps: object) -> str:
         if steps is None:

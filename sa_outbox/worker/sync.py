@@ -144,7 +144,7 @@ class Worker(DriverBase["Engine"]):
         self._held: HeldConnection = HeldConnection(engine)
         steps = self.app.steps_table
         if steps is not None:
-            self.core.steps = Steps(engine, self.app.table, steps)
+            self.core.steps = Steps(engine, self.app.table, steps, clock=clock)
         self.reclaimer = Reclaimer(
             self.app,
             engine,
