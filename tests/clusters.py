@@ -103,6 +103,17 @@ def _binaries() -> Path:
 
 
 @contextlib.contextmanager
+def _running(node: Cluster) -> Iterator[Cluster]:
+    """``node`` started, and killed after (if it still runs)."""
+    node.start()
+    try:
+        yield node
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            node.kill()
+
+
+@contextlib.contextmanager
 def cluster(
     *,
     listen: Sequence[str] = ("127.0.0.1",),
@@ -121,12 +132,8 @@ def cluster(
         node.run("initdb", "-D", str(node.data), "-A", "trust", "-U", "postgres")
         with (node.data / "pg_hba.conf").open("a") as lines:
             lines.writelines(f"{line}\n" for line in hba)
-        node.start()
-        try:
+        with _running(node):
             yield node
-        finally:
-            with contextlib.suppress(subprocess.CalledProcessError):
-                node.kill()
 
 
 @contextlib.contextmanager
@@ -141,12 +148,8 @@ def standby(primary: Cluster, *, name: str = "standby") -> Iterator[Cluster]:
         node = Cluster(primary.bin, root, port, _options(port, root, ["127.0.0.1"], {}))
         source = f"host=127.0.0.1 port={primary.port} user=postgres application_name={name}"
         node.run("pg_basebackup", "-D", str(node.data), "-d", source, "-X", "stream", "-R")
-        node.start()
-        try:
+        with _running(node):
             yield node
-        finally:
-            with contextlib.suppress(subprocess.CalledProcessError):
-                node.kill()
 
 
 def wait_streaming(primary_url: str, name: str) -> None:
