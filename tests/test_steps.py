@@ -39,7 +39,7 @@ from sa_outbox import (
     Worker,
 )
 from sa_outbox.cli import main as cli_main
-from sa_outbox.worker import Reclaimer
+from sa_outbox.worker import Reclaimer, SignalTimeout
 from sa_outbox.worker._steps_sync import Steps
 
 from .conftest import TEST_SCHEMA, WORKER_T0, Job, Order
@@ -383,3 +383,113 @@ async def test_an_async_durable_sleep_resumes_at_its_wake_up_time(
     assert await worker.drain(timeout=WAIT) == 1
     assert job_row(engine, job_id).status == "succeeded"
     assert runs == {"welcome": 1, "after": 1}
+
+
+def signal_app(got: list[Any]) -> JobApp:
+    app = JobApp(Job, backoff=NO_JITTER, steps=JobStep)
+
+    @app.handler("refund")
+    def refund(job: JobContext) -> None:
+        try:
+            got.append(job.receive_signal("approved", dt.timedelta(minutes=2)))
+        except SignalTimeout as timeout:
+            got.append(str(timeout))
+
+    return app
+
+
+def test_a_signal_sent_before_the_wait_is_found_and_a_second_one_is_refused(
+    engine: Engine,
+    steps_table: None,
+    queue: JobQueue,
+    clock: FakeClock,
+    make_worker: Callable[..., Worker],
+) -> None:
+    got: list[Any] = []
+    signals = JobQueue(Job, clock=clock, steps=JobStep)
+    job_id = enqueue(engine, queue, "refund")
+    with engine.begin() as conn:
+        assert signals.send_signal(conn, job_id, "approved", {"by": "ana"}) is True
+        assert signals.send_signal(conn, job_id, "approved", {"by": "rui"}) is False
+        assert signals.send_signal(conn, uuid.uuid4(), "approved") is False  # no such job
+    assert make_worker(signal_app(got)).drain(timeout=WAIT) == 1
+    assert got == [{"by": "ana"}] and jobs_by_status(engine) == {"succeeded": 1}
+    with engine.begin() as conn:  # finished: nothing more is sent
+        assert signals.send_signal(conn, job_id, "other") is False
+
+
+def test_a_signal_wakes_a_job_asleep_waiting_for_it_at_once(
+    engine: Engine,
+    steps_table: None,
+    queue: JobQueue,
+    clock: FakeClock,
+    make_worker: Callable[..., Worker],
+) -> None:
+    got: list[Any] = []
+    signals = JobQueue(Job, clock=clock, steps=JobStep)
+    job_id = enqueue(engine, queue, "refund")
+    worker = make_worker(signal_app(got))
+    assert worker.drain(timeout=WAIT) == 1  # waits: asleep, no worker held
+    row = job_row(engine, job_id)
+    assert (row.status, row.attempts) == ("pending", 0) and row.run_at > WORKER_T0
+    assert worker.drain(timeout=WAIT) == 0
+    with engine.begin() as conn:
+        assert signals.send_signal(conn, job_id, "approved", [1, 2]) is True
+    assert job_row(engine, job_id).run_at == WORKER_T0  # due now: the clock has not moved
+    assert worker.drain(timeout=WAIT) == 1
+    assert got == [[1, 2]] and jobs_by_status(engine) == {"succeeded": 1}
+
+
+def test_no_signal_within_the_timeout_raises_signal_timeout(
+    engine: Engine,
+    steps_table: None,
+    queue: JobQueue,
+    clock: FakeClock,
+    make_worker: Callable[..., Worker],
+) -> None:
+    got: list[Any] = []
+    job_id = enqueue(engine, queue, "refund")
+    worker = make_worker(signal_app(got))
+    runs = 0
+    while job_row(engine, job_id).status == "pending":
+        runs += worker.drain(timeout=WAIT)
+        clock.advance(30)  # the longest a waiting job sleeps before it looks again
+        assert runs <= 5
+    assert runs == 5  # 0, 30, 60, 90 s: asleep; at 120 s: the timeout
+    assert got == [f"no signal 'approved' came for job {job_id} within 120 s"]
+    assert jobs_by_status(engine) == {"succeeded": 1}
+
+
+def test_signals_need_the_steps_table_and_a_json_payload(
+    engine: Engine, steps_table: None, queue: JobQueue
+) -> None:
+    job_id = enqueue(engine, queue, "refund")
+    with engine.begin() as conn:
+        with pytest.raises(InvalidArgument, match=r"JobQueue\(Job, steps=JobStep\)"):
+            queue.send_signal(conn, job_id, "approved")
+        with pytest.raises(PayloadNotSerializable, match="signal 'approved' to job"):
+            JobQueue(Job, steps=JobStep).send_signal(conn, job_id, "approved", object())
+    assert recorded(engine) == {}
+
+
+async def test_an_async_handler_receives_a_signal_sent_while_it_sleeps(
+    engine: Engine,
+    steps_table: None,
+    queue: JobQueue,
+    clock: FakeClock,
+    make_async_worker: Callable[..., AsyncWorker],
+) -> None:
+    got: list[Any] = []
+    app = JobApp(Job, backoff=NO_JITTER, steps=JobStep)
+
+    @app.handler("refund")
+    async def refund(job: JobContext) -> None:
+        got.append(await job.areceive_signal("approved", 3600))
+
+    job_id = enqueue(engine, queue, "refund")
+    worker = make_async_worker(app)
+    assert await worker.drain(timeout=WAIT) == 1
+    with engine.begin() as conn:
+        JobQueue(Job, clock=clock, steps=JobStep).send_signal(conn, job_id, "approved", "yes")
+    assert await worker.drain(timeout=WAIT) == 1
+    assert got == ["yes"] and job_row(engine, job_id).status == "succeeded"

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
-from sqlalchemy import Engine, Executable
+from sqlalchemy import Engine, Executable, Table
 
 from .. import statements as st
 from .._backoff import Backoff
@@ -415,6 +415,17 @@ class JobOps:
             finished=[i for i in rest if i in found],
             unknown=[i for i in rest if i not in found],
         )
+
+    def send_signal(self, steps: Table, job_id: uuid.UUID, name: str, payload: Any) -> Op[bool]:
+        """Signal ``name`` to a job (`st.send_job_signal`); a job it woke is notified at
+        commit. True when it was recorded."""
+        what = f"signal {name!r} to job {job_id}"
+        text = st.serialise(payload, what, self.dumps, self.max_payload_bytes)
+        stmt = st.send_job_signal(self.table, steps, job_id, name, text, clock=self.clock)
+        sent, woken = (yield stmt).one()
+        if woken:
+            yield st.notify_jobs(self.table)
+        return bool(sent)
 
     def held_cancelled(self, pairs: Sequence[Pair]) -> Op[set[Pair]]:
         """Which of these held (id, token) pairs were cancelled while running."""

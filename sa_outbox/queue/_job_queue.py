@@ -17,10 +17,11 @@ from .. import statements as st
 from .._asyncio_ext import is_async_engine
 from .._backoff import Backoff
 from .._clock import Clock
+from .._exceptions import InvalidArgument
 from ..ops import JobOps, SyncConn, arun, run
 from ..ops._cursor import NOT_RUN
 from ..ops._results import EnqueueResult
-from ..schema import JobStatus
+from ..schema import JobStatus, resolve_table
 from ..statements._common import Dumps
 
 if TYPE_CHECKING:
@@ -43,10 +44,21 @@ class JobQueueBase:
         backoff: Backoff | None = None,
         dumps: Dumps | None = None,
         max_payload_bytes: int = st.DEFAULT_MAX_PAYLOAD_BYTES,
+        steps: object | None = None,
     ) -> None:
         self._ops = JobOps(
             model, clock=clock, backoff=backoff, dumps=dumps, max_payload_bytes=max_payload_bytes
         )
+        self._steps = None if steps is None else resolve_table(steps)
+
+    def _steps_table(self) -> Table:
+        """The `JobStepMixin` table signals go to (``steps=``), or a one-line error."""
+        if self._steps is None:
+            raise InvalidArgument(
+                "send_signal needs the steps table: JobQueue(Job, steps=JobStep), with JobStep "
+                "a model on sa_outbox.schema.JobStepMixin"
+            )
+        return self._steps
 
     @property
     def table(self) -> Table:

@@ -40,6 +40,8 @@ class JobQueue(JobQueueBase):
     Every fenced write (``complete``, ``retry``, ``fail``, ``heartbeat``) raises `LeaseLost`
     when the job is no longer running under the given token, and leaves the row untouched.
     `enqueue` also takes the `Engine` itself: then the job is one autocommit ``INSERT``.
+    Given ``steps=`` (the `JobStepMixin` table of durable steps), `send_signal` signals jobs
+    that wait for one.
 
     Examples:
         queue = JobQueue(Job)
@@ -249,6 +251,24 @@ class JobQueue(JobQueueBase):
             queue.release_many(conn, [(j.id, j.lease_token) for j in unstarted])
         """
         return run(conn, self._ops.release_many(pairs))
+
+    def send_signal(
+        self, conn: SyncConn, job_id: uuid.UUID, name: str, payload: Any = None
+    ) -> bool:
+        """Send signal ``name`` with ``payload`` (JSON) to a job that waits, or will wait, for
+        it (`JobContext.receive_signal`), in the caller's transaction: it commits with the
+        caller's rows. A job asleep waiting for it is due at once and workers are notified
+        at commit; one sent before the job waits is found when it does. Returns False when
+        nothing was sent: the job is finished or unknown, or already has this signal (the
+        first one stays). Needs ``JobQueue(Job, steps=JobStep)``.
+
+        Examples:
+            with engine.begin() as conn:
+                conn.execute(update(Order).values(approved=True).where(Order.id == 7))
+                queue.send_signal(conn, job_id, "approved", {"by": "ana"})
+        """
+        steps = self._steps_table()
+        return run(conn, self._ops.send_signal(steps, job_id, name, payload))
 
     def notify_channel(self, conn: SyncConn) -> str | None:
         """The channel the table's NOTIFY trigger sends on (``None`` if the table is absent).

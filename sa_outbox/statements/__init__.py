@@ -90,7 +90,16 @@ from ._job_settle import (
     snooze_delay,
     snooze_job,
 )
-from ._job_steps import record_job_sleep, record_job_step, select_job_steps, sleep_left
+from ._job_steps import (
+    SIGNAL_PREFIX,
+    WAIT_PREFIX,
+    record_job_sleep,
+    record_job_step,
+    select_job_signal,
+    select_job_steps,
+    send_job_signal,
+    sleep_left,
+)
 from ._job_unique import DEFAULT_UNIQUE_STATES, Unique, has_unique_columns
 from ._maintenance import (
     PRUNE_LOCK_PREFIX,
@@ -168,7 +177,9 @@ __all__ = [
     "MAX_THROUGHPUT_MINUTES",
     "PARTITION_LOCK_PREFIX",
     "PRUNE_LOCK_PREFIX",
+    "SIGNAL_PREFIX",
     "UNIQUE_ENQUEUE_PARAMETERS",
+    "WAIT_PREFIX",
     "WORKER_APPLICATION_PREFIX",
     "CheckedJob",
     "ClaimLimits",
@@ -258,6 +269,7 @@ __all__ = [
     "select_event_states",
     "select_events",
     "select_job",
+    "select_job_signal",
     "select_job_statuses",
     "select_job_steps",
     "select_jobs",
@@ -266,6 +278,7 @@ __all__ = [
     "select_paused_queues",
     "select_running_jobs",
     "select_unique_held_failed_jobs",
+    "send_job_signal",
     "serialise",
     "set_lock_timeout",
     "sleep_left",

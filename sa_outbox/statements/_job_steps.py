@@ -5,7 +5,18 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import DateTime, Float, Insert, Select, Text, bindparam, cast, func, select
+from sqlalchemy import (
+    DateTime,
+    Float,
+    Insert,
+    Select,
+    Text,
+    bindparam,
+    cast,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import JSONB, insert
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -129,3 +140,96 @@ def _record(
         .on_conflict_do_nothing(index_elements=["job_id", "name"])
         .returning(s.c.job_id, s.c.result)
     )
+
+
+#: The step-name prefixes of a signal sent to a job and of the job's wait for one; step
+#: names of your own may not start with ``@``.
+SIGNAL_PREFIX = "@signal:"
+WAIT_PREFIX = "@wait:"
+
+
+def send_job_signal(
+    jobs: object,
+    steps: object,
+    job_id: object,
+    name: str,
+    payload_json: str,
+    *,
+    clock: Clock | None = None,
+) -> Select[Any]:
+    """Send signal ``name`` (a JSON payload) to a pending or running job: one row,
+    ``sent`` (1, or 0 when the job is finished, unknown or has that signal already: the
+    first one sent stays) and ``woken`` (1 when the job was waiting for it, asleep: it is
+    due now).
+
+    The signal is recorded as the job's step ``@signal:{name}``, so one sent before the
+    job waits is found when it does. Run it in the sender's transaction: it commits with
+    the sender's rows.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.dialects import postgresql
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobMixin, JobStepMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> class JobStep(JobStepMixin, Base): __tablename__ = "job_steps"
+        >>> stmt = send_job_signal(Job, JobStep, uuid.uuid4(), "approved", "{}")
+        >>> list(stmt.selected_columns.keys())
+        ['sent', 'woken']
+    """
+    t, s = table_of(jobs), table_of(steps)
+    now = now_of(clock)
+    target = (
+        select(t.c.id)
+        .where(t.c.id == job_id, t.c.status.in_([JobStatus.PENDING, JobStatus.RUNNING]))
+        .cte("target")
+    )
+    rows = select(
+        target.c.id,
+        bindparam("signal_name", SIGNAL_PREFIX + name, type_=Text),
+        cast(bindparam("signal_payload", payload_json, type_=Text), JSONB),
+    )
+    sent = (
+        insert(s)
+        .from_select(["job_id", "name", "result"], rows)
+        .on_conflict_do_nothing(index_elements=["job_id", "name"])
+        .returning(s.c.job_id)
+        .cte("sent")
+    )
+    waiting = select(s.c.job_id).where(
+        s.c.job_id == t.c.id, s.c.name == bindparam("wait_name", WAIT_PREFIX + name, type_=Text)
+    )
+    woken = (
+        update(t)
+        .where(
+            t.c.id.in_(select(sent.c.job_id)),
+            t.c.status == JobStatus.PENDING,
+            t.c.run_at > now,
+            waiting.exists(),
+        )
+        .values(run_at=now, updated_at=now)
+        .returning(t.c.id)
+        .cte("woken")
+    )
+    return select(
+        select(func.count()).select_from(sent).scalar_subquery().label("sent"),
+        select(func.count()).select_from(woken).scalar_subquery().label("woken"),
+    )
+
+
+def select_job_signal(steps: object, job_id: object, name: str) -> Select[Any]:
+    """The payload of signal ``name`` sent to a job: one row, or none if not sent yet.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobStepMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class JobStep(JobStepMixin, Base): __tablename__ = "job_steps"
+        >>> "job_steps.result" in str(select_job_signal(JobStep, uuid.uuid4(), "approved"))
+        True
+    """
+    s = table_of(steps)
+    signal = bindparam("signal_name", SIGNAL_PREFIX + name, type_=Text)
+    return select(s.c.result).where(s.c.job_id == job_id, s.c.name == signal)

@@ -13,13 +13,14 @@ from sqlalchemy import Table
 from .. import statements as st
 from .._clock import Clock
 from ._steps import (
+    SIGNAL_RECHECK,
     SessionChoice,
     async_step_session,
     lease_lost,
     recorded_value,
     result_json,
 )
-from .errors import Snooze
+from .errors import SignalTimeout, Snooze
 
 if TYPE_CHECKING:  # sqlalchemy.ext.asyncio needs greenlet, which a plain install may lack
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -116,3 +117,42 @@ class AsyncSteps:
                 left = float(found.scalar_one())
         if left > 0:
             raise Snooze(left)
+
+    async def receive_signal(
+        self,
+        job_id: uuid.UUID,
+        token: uuid.UUID,
+        recorded: dict[str, Any],
+        name: str,
+        timeout: dt.timedelta,
+    ) -> Any:
+        """Signal ``name``'s payload once it was sent; until then the job sleeps (`Snooze`,
+        at most `SIGNAL_RECHECK` at a time; a signal wakes it at once) and, past
+        ``timeout`` from the first wait, `SignalTimeout`."""
+        wait = st.WAIT_PREFIX + name
+        deadline = recorded.get(wait)
+        if deadline is None:
+            stmt = st.record_job_sleep(
+                self.jobs, self.steps, job_id, token, wait, timeout, clock=self.clock
+            )
+            async with self.engine.begin() as conn:
+                row = (await conn.execute(stmt)).first()
+            if row is None:
+                raise lease_lost(job_id, token, wait)
+            recorded[wait] = row[1]
+            left = timeout.total_seconds()
+        else:
+            async with self.engine.connect() as conn:
+                found = await conn.execute(st.sleep_left(str(deadline), clock=self.clock))
+                left = float(found.scalar_one())
+        # Looked for only now, once the wait is committed: a sender that came earlier left
+        # its signal here; one that comes later sees the wait, and wakes the job.
+        async with self.engine.connect() as conn:
+            sent = (await conn.execute(st.select_job_signal(self.steps, job_id, name))).first()
+        if sent is not None:
+            return sent[0]
+        if left <= 0:
+            raise SignalTimeout(
+                f"no signal {name!r} came for job {job_id} within {timeout.total_seconds():g} s"
+            )
+        raise Snooze(min(left, SIGNAL_RECHECK))

@@ -405,6 +405,50 @@ class JobContext:
             self._recorded = await steps.recorded(self.id)
         await steps.sleep(self.id, self.lease_token, self._recorded, checked, wait)
 
+    def receive_signal(self, name: str, timeout: dt.timedelta | float) -> Any:
+        """Wait for signal ``name`` (`JobQueue.send_signal`, from any transaction) without
+        holding a worker; returns its payload.
+
+        A signal sent before this call is found at once. Otherwise the job sleeps as
+        `sleep` does (`Snooze`: let it propagate) and a signal sent meanwhile wakes it at
+        once; the next run finds the payload here. Past ``timeout`` (counted from the first
+        call, up to a year) it raises `SignalTimeout`, a permanent error unless caught.
+        `areceive_signal` in ``async def`` handlers.
+
+        Examples:
+            @app.handler("refund")
+            def refund(job: JobContext) -> None:
+                try:
+                    approval = job.receive_signal("approved", dt.timedelta(days=2))
+                except SignalTimeout:
+                    job.step("escalate", lambda: notify_manager(job.id))
+                    raise
+                job.step("pay", lambda: payments.refund(job.payload["order"], approval["by"]))
+        """
+        steps = self._steps
+        if not isinstance(steps, Steps):
+            raise StepsUnavailable(self._no_steps("receive_signal", "areceive_signal", steps))
+        checked = check_step(name, _nothing, False)
+        wait = snooze_delay(timeout)
+        if self._recorded is None:
+            self._recorded = steps.recorded(self.id)
+        return steps.receive_signal(self.id, self.lease_token, self._recorded, checked, wait)
+
+    async def areceive_signal(self, name: str, timeout: dt.timedelta | float) -> Any:
+        """`receive_signal` for ``async def`` handlers on an `AsyncWorker`.
+
+        Examples:
+            approval = await job.areceive_signal("approved", dt.timedelta(days=2))
+        """
+        steps = self._steps
+        if not isinstance(steps, AsyncSteps):
+            raise StepsUnavailable(self._no_steps("areceive_signal", "receive_signal", steps))
+        checked = check_step(name, _nothing, False)
+        wait = snooze_delay(timeout)
+        if self._recorded is None:
+            self._recorded = await steps.recorded(self.id)
+        return await steps.receive_signal(self.id, self.lease_token, self._recorded, checked, wait)
+
     def _no_steps(self, called: str, other: str, steps: object) -> str:
         if steps is None:
             return (

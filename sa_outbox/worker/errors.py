@@ -5,8 +5,9 @@ A handler raises `PermanentError` (or a subclass) when retrying cannot help: the
 `InvalidPayload` (the kind's ``parse`` refused the payload) and `JobTimeout` (the kind's
 timeout passed: retried like any transient error) in ``last_error``. `JobCancelled` is what
 `CancelToken.raise_if_cancelled` raises inside a handler; `StepsUnavailable`, a durable
-step called where it cannot run. `Snooze` is not an error: a
-handler returns or raises it to run its job again later, without counting a failure.
+step called where it cannot run; `SignalTimeout`, a signal that did not come in time.
+`Snooze` is not an error: a handler returns or raises it to run its job again later,
+without counting a failure.
 
 Examples:
     >>> from sa_outbox import SaOutboxError
@@ -27,6 +28,7 @@ __all__ = [
     "JobCancelled",
     "JobTimeout",
     "PermanentError",
+    "SignalTimeout",
     "Snooze",
     "StepsUnavailable",
     "UnknownJobKind",
@@ -134,5 +136,15 @@ class StepsUnavailable(PermanentError):
 
     Examples:
         >>> isinstance(StepsUnavailable("no steps table"), PermanentError)
+        True
+    """
+
+
+class SignalTimeout(PermanentError):
+    """`JobContext.receive_signal` waited its whole ``timeout`` and no signal came. Catch it
+    to act on the silence (a reminder, a compensation); uncaught, it fails the job at once.
+
+    Examples:
+        >>> isinstance(SignalTimeout("no signal 'approved'"), PermanentError)
         True
     """
