@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import signal
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -450,14 +451,57 @@ def test_no_signal_within_the_timeout_raises_signal_timeout(
     got: list[Any] = []
     job_id = enqueue(engine, queue, "refund")
     worker = make_worker(signal_app(got))
-    runs = 0
-    while job_row(engine, job_id).status == "pending":
-        runs += worker.drain(timeout=WAIT)
-        clock.advance(30)  # the longest a waiting job sleeps before it looks again
-        assert runs <= 5
-    assert runs == 5  # 0, 30, 60, 90 s: asleep; at 120 s: the timeout
+    assert worker.drain(timeout=WAIT) == 1  # waits: asleep until the deadline, no worker held
+    assert job_row(engine, job_id).run_at == WORKER_T0 + dt.timedelta(minutes=2)
+    clock.advance(119)
+    assert worker.drain(timeout=WAIT) == 0  # it does not look again before its deadline
+    clock.advance(1)
+    assert worker.drain(timeout=WAIT) == 1
     assert got == [f"no signal 'approved' came for job {job_id} within 120 s"]
     assert jobs_by_status(engine) == {"succeeded": 1}
+
+
+def test_a_signal_sent_while_the_wait_looks_is_seen_by_that_wait(
+    engine: Engine,
+    steps_table: None,
+    queue: JobQueue,
+    clock: FakeClock,
+    make_worker: Callable[..., Worker],
+) -> None:
+    """The sender holds the job's row lock, its signal not committed yet, when the running
+    handler starts to wait: the wait blocks on the lock, then sees the signal, in that run."""
+    got: list[Any] = []
+    go = threading.Event()
+    app = JobApp(Job, backoff=NO_JITTER, steps=JobStep)
+
+    @app.handler("refund")
+    def refund(job: JobContext) -> None:
+        assert go.wait(WAIT)
+        got.append(job.receive_signal("approved", 3600))
+
+    job_id = enqueue(engine, queue, "refund")
+    worker = make_worker(app)
+    worker.claim()  # the handler runs, held before its wait
+    with engine.connect() as sender:
+        sending = sender.begin()
+        signals = JobQueue(Job, clock=clock, steps=JobStep)
+        assert signals.send_signal(sender, job_id, "approved", 1)
+        go.set()
+        wait_until(lambda: lock_waiters(engine) == 1, "the wait to block on the row lock")
+        sending.commit()
+    assert worker.wait_for_handlers(WAIT)
+    worker.flush()
+    assert got == [1] and jobs_by_status(engine) == {"succeeded": 1}
+
+
+def lock_waiters(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+        ).scalar_one()
 
 
 def test_signals_need_the_steps_table_and_a_json_payload(

@@ -421,6 +421,9 @@ class JobOps:
         commit. True when it was recorded."""
         what = f"signal {name!r} to job {job_id}"
         text = st.serialise(payload, what, self.dumps, self.max_payload_bytes)
+        # The row lock first: a wait that holds it (JobContext.receive_signal) has either
+        # seen this signal or, once it commits, is asleep where the next statement wakes it.
+        yield st.lock_job(self.table, job_id)
         stmt = st.send_job_signal(self.table, steps, job_id, name, text, clock=self.clock)
         sent, woken = (yield stmt).one()
         if woken:

@@ -258,7 +258,9 @@ class AsyncJobQueue(JobQueueBase):
         caller's rows. A job asleep waiting for it is due at once and workers are notified
         at commit; one sent before the job waits is found when it does. Returns False when
         nothing was sent: the job is finished or unknown, or already has this signal (the
-        first one stays). Needs ``AsyncJobQueue(Job, steps=JobStep)``.
+        first one stays). It takes the job's row lock first, so that a wait in progress
+        either sees the signal or is asleep when it is sent, then woken. Needs
+        ``AsyncJobQueue(Job, steps=JobStep)``.
 
         Examples:
             async with async_engine.begin() as conn:

@@ -260,7 +260,9 @@ class JobQueue(JobQueueBase):
         caller's rows. A job asleep waiting for it is due at once and workers are notified
         at commit; one sent before the job waits is found when it does. Returns False when
         nothing was sent: the job is finished or unknown, or already has this signal (the
-        first one stays). Needs ``JobQueue(Job, steps=JobStep)``.
+        first one stays). It takes the job's row lock first, so that a wait in progress
+        either sees the signal or is asleep when it is sent, then woken. Needs
+        ``JobQueue(Job, steps=JobStep)``.
 
         Examples:
             with engine.begin() as conn:

@@ -93,6 +93,8 @@ from ._job_settle import (
 from ._job_steps import (
     SIGNAL_PREFIX,
     WAIT_PREFIX,
+    lock_held_job,
+    lock_job,
     record_job_sleep,
     record_job_step,
     select_job_signal,
@@ -231,6 +233,8 @@ __all__ = [
     "list_partitions",
     "listen_sql",
     "lock_claim_limits",
+    "lock_held_job",
+    "lock_job",
     "lock_partition",
     "mark_event_published",
     "mark_events_published",

@@ -163,8 +163,9 @@ def send_job_signal(
     due now).
 
     The signal is recorded as the job's step ``@signal:{name}``, so one sent before the
-    job waits is found when it does. Run it in the sender's transaction: it commits with
-    the sender's rows.
+    job waits is found when it does. Run it in the sender's transaction, after `lock_job`
+    (in READ COMMITTED, this statement then sees a wait that committed meanwhile): it
+    commits with the sender's rows.
 
     Examples:
         >>> import uuid
@@ -233,3 +234,42 @@ def select_job_signal(steps: object, job_id: object, name: str) -> Select[Any]:
     s = table_of(steps)
     signal = bindparam("signal_name", SIGNAL_PREFIX + name, type_=Text)
     return select(s.c.result).where(s.c.job_id == job_id, s.c.name == signal)
+
+
+def lock_held_job(jobs: object, job_id: object, token: object) -> Select[Any]:
+    """Lock a job's row ``FOR UPDATE`` if it is still ``running`` under ``token``: its id,
+    or no row when the lease was lost. A wait for a signal runs under it, so that a sender
+    (`lock_job`) comes strictly before or after the wait.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "FOR UPDATE" in str(lock_held_job(Job, uuid.uuid4(), uuid.uuid4()))
+        True
+    """
+    t = table_of(jobs)
+    return (
+        select(t.c.id)
+        .where(t.c.id == job_id, t.c.lease_token == token, t.c.status == JobStatus.RUNNING)
+        .with_for_update()
+    )
+
+
+def lock_job(jobs: object, job_id: object) -> Select[Any]:
+    """Lock a job's row ``FOR UPDATE``, whatever its state: a signal's sender takes it
+    before `send_job_signal`, which then sees what a wait that held it committed.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "FOR UPDATE" in str(lock_job(Job, uuid.uuid4()))
+        True
+    """
+    t = table_of(jobs)
+    return select(t.c.id).where(t.c.id == job_id).with_for_update()

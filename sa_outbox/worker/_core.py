@@ -40,6 +40,7 @@ from .errors import (
     JobCancelled,
     JobTimeout,
     PermanentError,
+    Slept,
     Snooze,
     UnknownJobKind,
 )
@@ -55,6 +56,7 @@ class Action(enum.Enum):
     FAIL = "fail"
     RELEASE = "release"
     SNOOZE = "snooze"
+    SLEPT = "slept"  # a snooze the handler wrote itself (a wait for a signal): write nothing
     CANCEL = "cancel"  # cancelled while held: end the cancellation (clear the lease)
 
 
@@ -361,6 +363,8 @@ class Core:
             self.add(Result(entry, Action.CANCEL, seconds=seconds))
         elif error is None:
             self.add(Result(entry, Action.COMPLETE, seconds=seconds))
+        elif isinstance(error, Slept):
+            self.add(Result(entry, Action.SLEPT, None, error.delay, seconds))
         elif isinstance(error, Snooze):
             self.add(Result(entry, Action.SNOOZE, None, error.delay, seconds))
         elif isinstance(error, JobCancelled) and cancel.cancelled:
@@ -524,6 +528,8 @@ class Core:
                     assert result.delay is not None
                     yield from ops.snooze(job.id, job.lease_token, result.delay)
                     outcomes.append((result, JobOutcome.SNOOZED))
+                elif result.action is Action.SLEPT:
+                    outcomes.append((result, JobOutcome.SNOOZED))  # written by the handler
                 elif result.action is Action.CANCEL:
                     outcomes.append((result, JobOutcome.LOST))  # unless ended just below
             except LeaseLost:

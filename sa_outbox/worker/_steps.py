@@ -25,9 +25,6 @@ if TYPE_CHECKING:  # sqlalchemy.ext.asyncio needs greenlet, which a plain instal
 MAX_STEP_RESULT_BYTES = DEFAULT_MAX_PAYLOAD_BYTES
 #: The longest step name.
 MAX_STEP_NAME = 200
-#: The longest a job asleep waiting for a signal sleeps before it looks again: a signal sent
-#: in the instant between the wait's last look and the job's snooze waits at most this.
-SIGNAL_RECHECK = 30.0
 
 #: ``False``: the step runs outside any transaction; ``True``: it gets a Session whose
 #: transaction commits its rows and its record together; a session factory (a

@@ -14,14 +14,13 @@ from sqlalchemy import Table
 from .. import statements as st
 from .._clock import Clock
 from ._steps import (
-    SIGNAL_RECHECK,
     SessionChoice,
     lease_lost,
     recorded_value,
     result_json,
     step_session,
 )
-from .errors import SignalTimeout, Snooze
+from .errors import SignalTimeout, Slept, Snooze
 
 if TYPE_CHECKING:  # only for the annotations
     from sqlalchemy import Engine
@@ -123,33 +122,34 @@ class Steps:
         name: str,
         timeout: dt.timedelta,
     ) -> Any:
-        """Signal ``name``'s payload once it was sent; until then the job sleeps (`Snooze`,
-        at most `SIGNAL_RECHECK` at a time; a signal wakes it at once) and, past
-        ``timeout`` from the first wait, `SignalTimeout`."""
+        """Signal ``name``'s payload once it was sent. Until then the job is sent back to
+        ``pending`` until the wait's deadline (``timeout`` from the first wait), here, under
+        the job's row lock, then `Slept` ends the run: a sender, who takes that lock too,
+        comes before (its signal is seen here) or after (it finds the job asleep and wakes
+        it). Past the deadline, `SignalTimeout`."""
         wait = st.WAIT_PREFIX + name
-        deadline = recorded.get(wait)
-        if deadline is None:
-            stmt = st.record_job_sleep(
-                self.jobs, self.steps, job_id, token, wait, timeout, clock=self.clock
-            )
-            with self.engine.begin() as conn:
-                row = (conn.execute(stmt)).first()
-            if row is None:
+        with self.engine.begin() as conn:
+            if (conn.execute(st.lock_held_job(self.jobs, job_id, token))).first() is None:
                 raise lease_lost(job_id, token, wait)
-            recorded[wait] = row[1]
-            left = timeout.total_seconds()
-        else:
-            with self.engine.connect() as conn:
+            signal = st.select_job_signal(self.steps, job_id, name)
+            sent = (conn.execute(signal)).first()
+            if sent is not None:
+                return sent[0]
+            deadline = recorded.get(wait)
+            if deadline is None:
+                stmt = st.record_job_sleep(
+                    self.jobs, self.steps, job_id, token, wait, timeout, clock=self.clock
+                )
+                deadline = (conn.execute(stmt)).one()[1]
+                left = timeout.total_seconds()
+            else:
                 found = conn.execute(st.sleep_left(str(deadline), clock=self.clock))
                 left = float(found.scalar_one())
-        # Looked for only now, once the wait is committed: a sender that came earlier left
-        # its signal here; one that comes later sees the wait, and wakes the job.
-        with self.engine.connect() as conn:
-            sent = (conn.execute(st.select_job_signal(self.steps, job_id, name))).first()
-        if sent is not None:
-            return sent[0]
-        if left <= 0:
-            raise SignalTimeout(
-                f"no signal {name!r} came for job {job_id} within {timeout.total_seconds():g} s"
-            )
-        raise Snooze(min(left, SIGNAL_RECHECK))
+            if left <= 0:
+                raise SignalTimeout(
+                    f"no signal {name!r} came for job {job_id} within {timeout.total_seconds():g} s"
+                )
+            release = st.snooze_job(self.jobs, job_id, token, delay=left, clock=self.clock)
+            conn.execute(release)
+        recorded[wait] = deadline
+        raise Slept(left)

@@ -148,3 +148,13 @@ class SignalTimeout(PermanentError):
         >>> isinstance(SignalTimeout("no signal 'approved'"), PermanentError)
         True
     """
+
+
+class Slept(Snooze):
+    """A `Snooze` whose write the handler made itself (a wait for a signal releases its job
+    under the job's row lock): the worker writes nothing more for this run.
+
+    Examples:
+        >>> Slept(30).delay
+        datetime.timedelta(seconds=30)
+    """
