@@ -25,7 +25,6 @@ pytest.importorskip("flask", reason="the dashboard needs Flask (the test extra h
 pytest.importorskip("selenium", reason="the browser test needs Selenium (the test extra has it)")
 
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
@@ -98,11 +97,11 @@ def test_see_a_failed_job_and_retry_it_in_a_browser(
         "document.querySelectorAll('input[name=csrf_token]').forEach(e => e.remove())"
     )
     row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    # The refusal is a new page: wait for it to replace this one (the old body goes stale).
-    refused = WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException])
-    refused.until(
-        lambda b: "CSRF token is missing or wrong" in b.find_element(By.TAG_NAME, "body").text
-    )
+    # The refusal is a new page: wait for it to replace this one. The body's text is read by
+    # a script, not through an element handle, which the navigation may detach between
+    # finding it and reading it (chromium then reports a node "not in the document").
+    refused = WebDriverWait(browser, 30)
+    refused.until(lambda b: "CSRF token is missing or wrong" in _body_text(b))
     assert jobs_by_status(engine) == {"failed": 1}
 
     browser.get(f"{live_url}/jobs?status=failed")
@@ -198,3 +197,8 @@ def jobs_running_now(engine: Engine) -> list[uuid.UUID]:
             [job] = queue.claim(conn, worker_id=worker, batch=1, lease=120 * (n + 1))
             held.append(job.id)
     return [lost.id, *held]
+
+
+def _body_text(browser: webdriver.Chrome) -> str:
+    text = browser.execute_script("return document.body ? document.body.innerText : ''")
+    return str(text)
