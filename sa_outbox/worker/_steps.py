@@ -32,8 +32,8 @@ MAX_STEP_NAME = 200
 SessionChoice = bool | Callable[..., Any]
 
 
-def check_step(name: object, fn: object, session: object) -> str:
-    """The step's name, once the arguments are checked (one line naming what is wrong)."""
+def check_name(name: object) -> str:
+    """A step's (or a sleep's, or a signal's) name, checked (one line naming what is wrong)."""
     if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME:
         raise InvalidArgument(
             f"a step's name must be a non-empty str of at most {MAX_STEP_NAME} characters, "
@@ -41,6 +41,12 @@ def check_step(name: object, fn: object, session: object) -> str:
         )
     if name.startswith("@"):
         raise InvalidArgument(f"step names starting with '@' are the library's, got {name!r}")
+    return name
+
+
+def check_step(name: object, fn: object, session: object) -> str:
+    """The step's name, once the arguments are checked (one line naming what is wrong)."""
+    name = check_name(name)
     if not callable(fn):
         raise InvalidArgumentType(f"step {name!r}: fn must be callable, got {fn!r}")
     if not isinstance(session, bool) and not callable(session):

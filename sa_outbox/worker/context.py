@@ -27,16 +27,12 @@ from typing import Any, TypeVar
 from .._tracing import current_trace_headers
 from ..queue import ClaimedJob
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, Unique, snooze_delay
-from ._steps import SessionChoice, check_step
+from ._steps import SessionChoice, check_name, check_step
 from ._steps_async import AsyncSteps
 from ._steps_sync import Steps
 from .errors import JobCancelled, StepsUnavailable
 
 T = TypeVar("T")
-
-
-def _nothing() -> None:
-    return None
 
 
 __all__ = ["CancelReason", "CancelToken", "JobContext"]
@@ -329,13 +325,9 @@ class JobContext:
                 charge = job.step("charge", lambda: payments.charge(order_id))
                 job.step("ship", lambda: shipping.create(order_id, charge["id"]))
         """
-        steps = self._steps
-        if not isinstance(steps, Steps):
-            raise StepsUnavailable(self._no_steps("step", "astep", steps))
         checked = check_step(name, fn, session)
-        if self._recorded is None:
-            self._recorded = steps.recorded(self.id)
-        result: T = steps.run(self.id, self.lease_token, self._recorded, checked, fn, session)
+        steps, recorded = self._thread_steps("step")
+        result: T = steps.run(self.id, self.lease_token, recorded, checked, fn, session)
         return result
 
     async def astep(
@@ -355,13 +347,9 @@ class JobContext:
                 order_id = await job.astep("reserve", reserve, session=True)
                 await job.astep("charge", lambda: payments.charge(order_id))
         """
-        steps = self._steps
-        if not isinstance(steps, AsyncSteps):
-            raise StepsUnavailable(self._no_steps("astep", "step", steps))
         checked = check_step(name, fn, session)
-        if self._recorded is None:
-            self._recorded = await steps.recorded(self.id)
-        result: T = await steps.run(self.id, self.lease_token, self._recorded, checked, fn, session)
+        steps, recorded = await self._asyncio_steps("astep")
+        result: T = await steps.run(self.id, self.lease_token, recorded, checked, fn, session)
         return result
 
     def sleep(self, name: str, delay: dt.timedelta | float) -> None:
@@ -381,14 +369,9 @@ class JobContext:
                 job.sleep("trial-period", dt.timedelta(days=14))
                 job.step("convert", lambda: billing.start(job.payload["user"]))
         """
-        steps = self._steps
-        if not isinstance(steps, Steps):
-            raise StepsUnavailable(self._no_steps("sleep", "asleep", steps))
-        checked = check_step(name, _nothing, False)
-        wait = snooze_delay(delay)
-        if self._recorded is None:
-            self._recorded = steps.recorded(self.id)
-        steps.sleep(self.id, self.lease_token, self._recorded, checked, wait)
+        checked, wait = check_name(name), snooze_delay(delay)
+        steps, recorded = self._thread_steps("sleep")
+        steps.sleep(self.id, self.lease_token, recorded, checked, wait)
 
     async def asleep(self, name: str, delay: dt.timedelta | float) -> None:
         """`sleep` for ``async def`` handlers on an `AsyncWorker`.
@@ -396,14 +379,9 @@ class JobContext:
         Examples:
             await job.asleep("trial-period", dt.timedelta(days=14))
         """
-        steps = self._steps
-        if not isinstance(steps, AsyncSteps):
-            raise StepsUnavailable(self._no_steps("asleep", "sleep", steps))
-        checked = check_step(name, _nothing, False)
-        wait = snooze_delay(delay)
-        if self._recorded is None:
-            self._recorded = await steps.recorded(self.id)
-        await steps.sleep(self.id, self.lease_token, self._recorded, checked, wait)
+        checked, wait = check_name(name), snooze_delay(delay)
+        steps, recorded = await self._asyncio_steps("asleep")
+        await steps.sleep(self.id, self.lease_token, recorded, checked, wait)
 
     def receive_signal(self, name: str, timeout: dt.timedelta | float) -> Any:
         """Wait for signal ``name`` (`JobQueue.send_signal`, from any transaction) without
@@ -425,14 +403,9 @@ class JobContext:
                     raise
                 job.step("pay", lambda: payments.refund(job.payload["order"], approval["by"]))
         """
-        steps = self._steps
-        if not isinstance(steps, Steps):
-            raise StepsUnavailable(self._no_steps("receive_signal", "areceive_signal", steps))
-        checked = check_step(name, _nothing, False)
-        wait = snooze_delay(timeout)
-        if self._recorded is None:
-            self._recorded = steps.recorded(self.id)
-        return steps.receive_signal(self.id, self.lease_token, self._recorded, checked, wait)
+        checked, wait = check_name(name), snooze_delay(timeout)
+        steps, recorded = self._thread_steps("receive_signal")
+        return steps.receive_signal(self.id, self.lease_token, recorded, checked, wait)
 
     async def areceive_signal(self, name: str, timeout: dt.timedelta | float) -> Any:
         """`receive_signal` for ``async def`` handlers on an `AsyncWorker`.
@@ -440,14 +413,28 @@ class JobContext:
         Examples:
             approval = await job.areceive_signal("approved", dt.timedelta(days=2))
         """
+        checked, wait = check_name(name), snooze_delay(timeout)
+        steps, recorded = await self._asyncio_steps("areceive_signal")
+        return await steps.receive_signal(self.id, self.lease_token, recorded, checked, wait)
+
+    def _thread_steps(self, called: str) -> tuple[Steps, dict[str, Any]]:
+        """The thread worker's `Steps` and the job's recorded steps (read at the first call),
+        or `StepsUnavailable` naming ``called`` and its asyncio twin."""
+        steps = self._steps
+        if not isinstance(steps, Steps):
+            raise StepsUnavailable(self._no_steps(called, "a" + called, steps))
+        if self._recorded is None:
+            self._recorded = steps.recorded(self.id)
+        return steps, self._recorded
+
+    async def _asyncio_steps(self, called: str) -> tuple[AsyncSteps, dict[str, Any]]:
+        """`_thread_steps` for the asyncio methods (``called`` starts with its ``a``)."""
         steps = self._steps
         if not isinstance(steps, AsyncSteps):
-            raise StepsUnavailable(self._no_steps("areceive_signal", "receive_signal", steps))
-        checked = check_step(name, _nothing, False)
-        wait = snooze_delay(timeout)
+            raise StepsUnavailable(self._no_steps(called, called[1:], steps))
         if self._recorded is None:
             self._recorded = await steps.recorded(self.id)
-        return await steps.receive_signal(self.id, self.lease_token, self._recorded, checked, wait)
+        return steps, self._recorded
 
     def _no_steps(self, called: str, other: str, steps: object) -> str:
         if steps is None:
