@@ -537,3 +537,16 @@ async def test_an_async_handler_receives_a_signal_sent_while_it_sleeps(
         JobQueue(Job, clock=clock, steps=JobStep).send_signal(conn, job_id, "approved", "yes")
     assert await worker.drain(timeout=WAIT) == 1
     assert got == ["yes"] and job_row(engine, job_id).status == "succeeded"
+
+
+def test_prune_refuses_a_steps_table_without_the_job_table_in_one_line(
+    database_url: str, steps_table: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["prune", "--outbox-table", f"{TEST_SCHEMA}.outbox", "--older-than", "1h"]
+    args += ["--steps-table", f"{TEST_SCHEMA}.job_steps", "--database-url", database_url]
+    assert cli_main(args) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "sa-outbox prune: error: --steps-table is pruned with the job table: "
+        "give --model or --jobs-table too\n"
+    )

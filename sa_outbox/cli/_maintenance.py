@@ -200,7 +200,9 @@ def _prune(args: argparse.Namespace) -> int:
             inbox = inbox_table(args, conn, required=False)
             steps = steps_table(args, conn)
         if steps is not None and jobs is None:
-            raise CommandError("--steps-table is pruned with the job table: give --model too")
+            raise CommandError(
+                "--steps-table is pruned with the job table: give --model or --jobs-table too"
+            )
         pruner = Pruner(
             engine,
             jobs=jobs,
