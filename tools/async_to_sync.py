@@ -243,6 +243,25 @@ CONVERSIONS = [
             ),
         },
     ),
+    Conversion(
+        "sa_outbox/worker/_results_async.py",
+        "sa_outbox/worker/_results_sync.py",
+        names={
+            "AsyncJobResults": "JobResults",
+            "AsyncListener": "Listener",
+            "async_listen_on": "listen_on",
+            "check_async_engine": "check_engine",
+            "async_wait_event": "wait_event",
+        },
+        text={
+            "on asyncio.\n`JobResults` (``_results_sync.py``) is generated from this file.": (
+                "generated\nfrom `AsyncJobResults` (``_results_async.py``)."
+            ),
+            "sqlalchemy.ext.asyncio needs greenlet, which a plain install may lack": (
+                "only for the annotations"
+            ),
+        },
+    ),
 ]
 
 

@@ -43,6 +43,7 @@ from ._results import (
     CancelResult,
     ClaimedJob,
     EnqueueResult,
+    JobResult,
     ReclaimedJob,
     RetriedJobs,
     RetryResult,
@@ -142,6 +143,7 @@ class JobOps:
         self._locks: dict[tuple[Any, ...], Executable | None] = {}
         self._completion: Executable | None = None
         self._complete_claims: dict[ClaimParams, Executable] = {}
+        self._complete_claims_results: dict[ClaimParams, Executable] = {}
 
     def job_values(self, job: st.NewJob) -> dict[str, Any]:
         """The job's checked values (the payload and headers serialised, the current trace
@@ -285,13 +287,20 @@ class JobOps:
         )
 
     def complete_and_claim(
-        self, pairs: Sequence[Pair], params: ClaimParams
+        self,
+        pairs: Sequence[Pair],
+        params: ClaimParams,
+        *,
+        steps: Table | None = None,
+        results: Sequence[tuple[uuid.UUID, str]] = (),
     ) -> Op[tuple[set[Pair], list[ClaimedJob]]]:
         """The batched completion and a claim in one statement (`st.complete_and_claim_jobs`;
         ``params`` without ``limits``); returns the (id, token) pairs completed and the jobs
-        claimed, in the claim's order."""
+        claimed, in the claim's order. Given ``steps``, the same statement records
+        ``results`` (job id, JSON text) of the jobs it completed and announces them to the
+        waiters for results."""
         stmt = _cached(
-            self._complete_claims,
+            self._complete_claims if steps is None else self._complete_claims_results,
             None if self.clock is not None else params,
             lambda: st.complete_and_claim_jobs(
                 self.table,
@@ -303,10 +312,15 @@ class JobOps:
                 kinds=params.kinds,
                 paused=params.paused,
                 clock=self.clock,
+                steps=steps,
             ),
         )
         ids, tokens = id_token_pairs(pairs, "completion pairs")
-        rows = (yield stmt, {COMPLETION_IDS: ids, COMPLETION_TOKENS: tokens}).all()
+        values: dict[str, Any] = {COMPLETION_IDS: ids, COMPLETION_TOKENS: tokens}
+        if steps is not None:
+            values[st.RESULT_IDS] = [job_id for job_id, _ in results]
+            values[st.RESULT_TEXTS] = [text for _, text in results]
+        rows = (yield stmt, values).all()
         done: set[Pair] = set()
         jobs: list[ClaimedJob] = []
         for row in rows:
@@ -399,12 +413,16 @@ class JobOps:
             raise LeaseLost("job", job_id, token, action="snooze")
         return row[1]  # type: ignore[no-any-return]
 
-    def cancel(self, ids: object) -> Op[CancelResult]:
+    def cancel(self, ids: object, *, notify_done: bool = False) -> Op[CancelResult]:
+        """Cancel jobs (`st.cancel_jobs`); ``notify_done``: announce the ones cancelled (now
+        finished, running or not) to the waiters for results (`notify_done`)."""
         wanted = job_ids([ids] if isinstance(ids, uuid.UUID | str) else ids)
         changed = {
             row[0]: JobStatus(row[1])
             for row in (yield st.cancel_jobs(self.table, wanted, clock=self.clock))
         }
+        if notify_done and changed:
+            yield from self.notify_done(list(changed))
         rest = [i for i in wanted if i not in changed]
         found = set()
         if rest:
@@ -429,6 +447,30 @@ class JobOps:
         if woken:
             yield st.notify_jobs(self.table)
         return bool(sent)
+
+    def record_results(self, steps: Table, rows: Sequence[tuple[uuid.UUID, str]]) -> Op[None]:
+        """Record the results (JSON text) of jobs completed in this transaction."""
+        yield st.record_job_results(steps, rows)
+
+    def notify_done(self, ids: Sequence[uuid.UUID]) -> Op[None]:
+        """Tell the waiters on the done channel that these jobs finished (at commit)."""
+        yield st.notify_jobs_done(self.table, ids)
+
+    def done_channel(self) -> Op[str | None]:
+        """The channel finished jobs are announced on; ``None`` when the table is missing."""
+        return (yield st.job_done_channel_of(self.table)).scalar()  # type: ignore[no-any-return]
+
+    def results(self, steps: Table, ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, JobResult]]:
+        """The state and result of each of these jobs that exists, by id."""
+        found = {}
+        for job_id, status, error, value, recorded in (
+            yield st.select_job_results(self.table, steps, ids)
+        ):
+            status = JobStatus(status)
+            if status is not JobStatus.SUCCEEDED or not recorded:
+                value = None
+            found[job_id] = JobResult(job_id, status, value, error)
+        return found
 
     def held_cancelled(self, pairs: Sequence[Pair]) -> Op[set[Pair]]:
         """Which of these held (id, token) pairs were cancelled while running."""

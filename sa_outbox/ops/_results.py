@@ -140,6 +140,30 @@ class CancelResult:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class JobResult:
+    """Where a job stands and what it returned: ``value`` is its handler's return value
+    once it ``succeeded`` (``None`` before, or when the handler returned ``None``);
+    ``error`` the last error recorded (a failed or retried job's).
+
+    Examples:
+        >>> done = JobResult(id=uuid.UUID(int=1), status=JobStatus.SUCCEEDED, value={"total": 42},
+        ...                  error=None)
+        >>> done.finished, done.value["total"]
+        (True, 42)
+    """
+
+    id: uuid.UUID
+    status: JobStatus
+    value: Any
+    error: str | None
+
+    @property
+    def finished(self) -> bool:
+        """True once the job ``succeeded``, ``failed`` or was ``cancelled``: it stays so."""
+        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class BatchResult:
     """Which rows of a batched fenced write matched (``done``) and which had lost (``lost``).
 

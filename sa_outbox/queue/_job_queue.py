@@ -51,11 +51,12 @@ class JobQueueBase:
         )
         self._steps = None if steps is None else resolve_table(steps)
 
-    def _steps_table(self) -> Table:
-        """The `JobStepMixin` table signals go to (``steps=``), or a one-line error."""
+    def _steps_table(self, called: str) -> Table:
+        """The `JobStepMixin` table of signals and results (``steps=``), or a one-line error
+        naming the method ``called``."""
         if self._steps is None:
             raise InvalidArgument(
-                "send_signal needs the steps table: JobQueue(Job, steps=JobStep), with JobStep "
+                f"{called} needs the steps table: JobQueue(Job, steps=JobStep), with JobStep "
                 "a model on sa_outbox.schema.JobStepMixin"
             )
         return self._steps

@@ -16,11 +16,13 @@ from ..ops._results import (
     CancelResult,
     ClaimedJob,
     EnqueueResult,
+    JobResult,
     ReclaimedJob,
     RetriedJobs,
     RetryResult,
 )
 from ..schema import JobStatus
+from ..statements._common import as_uuid
 from ._copy import copy_jobs_async
 from ._job_queue import FINISHED, JobQueueBase, Pairs, aenqueue_on
 
@@ -267,8 +269,25 @@ class AsyncJobQueue(JobQueueBase):
                 await conn.execute(update(Order).values(approved=True).where(Order.id == 7))
                 await queue.send_signal(conn, job_id, "approved", {"by": "ana"})
         """
-        steps = self._steps_table()
+        steps = self._steps_table("send_signal")
         return await arun(conn, self._ops.send_signal(steps, job_id, name, payload))
+
+    async def read_result(self, conn: AsyncConn, job_id: uuid.UUID) -> JobResult | None:
+        """Where job ``job_id`` stands and, once it ``succeeded``, what its handler returned
+        (`JobResult`), read in the caller's transaction; ``None`` for an unknown id (or a job
+        pruned). A worker records a handler's return value (JSON) with the job's completion
+        when its `JobApp` has the steps table. Needs ``AsyncJobQueue(Job, steps=JobStep)``;
+        to wait for a job to finish, `AsyncJobResults`.
+
+        Examples:
+            async with async_engine.connect() as conn:
+                found = await queue.read_result(conn, job_id)
+            found.status, found.value
+            # -> (<JobStatus.SUCCEEDED: 'succeeded'>, {'total': 42})
+        """
+        steps = self._steps_table("read_result")
+        job_id = as_uuid(job_id, "job id")
+        return (await arun(conn, self._ops.results(steps, [job_id]))).get(job_id)
 
     async def notify_channel(self, conn: AsyncConn) -> str | None:
         """The channel the table's NOTIFY trigger sends on (``None`` if the table is absent).
@@ -324,7 +343,7 @@ class AsyncJobQueue(JobQueueBase):
                 result = await queue.cancel(conn, [job_id])
             result.cancelled, result.cancelling, result.finished, result.unknown
         """
-        return await arun(conn, self._ops.cancel(ids))
+        return await arun(conn, self._ops.cancel(ids, notify_done=self._steps is not None))
 
     async def prune(
         self,

@@ -18,11 +18,13 @@ from ..ops._results import (
     CancelResult,
     ClaimedJob,
     EnqueueResult,
+    JobResult,
     ReclaimedJob,
     RetriedJobs,
     RetryResult,
 )
 from ..schema import JobStatus
+from ..statements._common import as_uuid
 from ._copy import copy_jobs_sync
 from ._job_queue import FINISHED, JobQueueBase, Pairs, enqueue_on
 
@@ -269,8 +271,25 @@ class JobQueue(JobQueueBase):
                 conn.execute(update(Order).values(approved=True).where(Order.id == 7))
                 queue.send_signal(conn, job_id, "approved", {"by": "ana"})
         """
-        steps = self._steps_table()
+        steps = self._steps_table("send_signal")
         return run(conn, self._ops.send_signal(steps, job_id, name, payload))
+
+    def read_result(self, conn: SyncConn, job_id: uuid.UUID) -> JobResult | None:
+        """Where job ``job_id`` stands and, once it ``succeeded``, what its handler returned
+        (`JobResult`), read in the caller's transaction; ``None`` for an unknown id (or a job
+        pruned). A worker records a handler's return value (JSON) with the job's completion
+        when its `JobApp` has the steps table. Needs ``JobQueue(Job, steps=JobStep)``;
+        to wait for a job to finish, `AsyncJobResults`.
+
+        Examples:
+            with engine.connect() as conn:
+                found = queue.read_result(conn, job_id)
+            found.status, found.value
+            # -> (<JobStatus.SUCCEEDED: 'succeeded'>, {'total': 42})
+        """
+        steps = self._steps_table("read_result")
+        job_id = as_uuid(job_id, "job id")
+        return (run(conn, self._ops.results(steps, [job_id]))).get(job_id)
 
     def notify_channel(self, conn: SyncConn) -> str | None:
         """The channel the table's NOTIFY trigger sends on (``None`` if the table is absent).
@@ -326,7 +345,7 @@ class JobQueue(JobQueueBase):
                 result = queue.cancel(conn, [job_id])
             result.cancelled, result.cancelling, result.finished, result.unknown
         """
-        return run(conn, self._ops.cancel(ids))
+        return run(conn, self._ops.cancel(ids, notify_done=self._steps is not None))
 
     def prune(
         self,

@@ -16,6 +16,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    true,
     union_all,
     update,
 )
@@ -36,6 +37,7 @@ from ._common import (
 from ._job_defaults import DEFAULT_LEASE
 from ._job_limits import ClaimLimits, log_claims, prune_log
 from ._job_ready import limited_ready_jobs, ready_jobs
+from ._job_results import announce_done, record_results_of
 
 
 def claim_jobs(
@@ -310,6 +312,7 @@ def complete_and_claim_jobs(
     kinds: str | Sequence[str] | None = None,
     paused: object | None = None,
     clock: Clock | None = None,
+    steps: object | None = None,
 ) -> CompoundSelect[Any]:
     """`complete_jobs` and `claim_jobs` in one statement: one round trip, one commit.
 
@@ -324,6 +327,11 @@ def complete_and_claim_jobs(
     Run in autocommit mode, a worker acknowledges a batch and takes the next in one
     statement. The pairs travel in the `COMPLETION_IDS` / `COMPLETION_TOKENS` parameters, so
     the statement is built once and run again with new arrays.
+
+    Given ``steps`` (the `JobStepMixin` table), the same statement records the results given
+    in the `RESULT_IDS` / `RESULT_TEXTS` parameters for the pairs it completed
+    (`record_results_of`) and announces the completed jobs on the done channel
+    (`announce_done`), for the waiters for results.
 
     Examples:
         >>> import uuid
@@ -364,4 +372,11 @@ def complete_and_claim_jobs(
         ),
         literal_column("true"),
     )
-    return union_all(claimed_rows, acked_rows)
+    if steps is None:
+        return union_all(claimed_rows, acked_rows)
+    # A data-modifying CTE runs whether read or not (add_cte renders it); the announcement,
+    # a SELECT, runs because the acked rows join its one row.
+    recorded = record_results_of(steps, completion).cte("recorded")
+    announced = announce_done(target, completion).cte("announced")
+    acked_rows = acked_rows.select_from(completion.join(announced, true()))
+    return union_all(claimed_rows, acked_rows).add_cte(recorded)

@@ -16,14 +16,19 @@ Examples:
 """
 
 from ._driver import ALL_KINDS
+from ._results_async import AsyncJobResults
+from ._results_sync import JobResults
 from .aio import AsyncWorker
 from .context import CancelReason, CancelToken, JobContext
 from .errors import (
     DatabaseUnreachable,
     InvalidPayload,
     JobCancelled,
+    JobFailed,
+    JobNotFound,
     JobTimeout,
     PermanentError,
+    ResultTimeout,
     SignalTimeout,
     Snooze,
     StepsUnavailable,
@@ -38,6 +43,7 @@ from .sync import Worker
 
 __all__ = [
     "ALL_KINDS",
+    "AsyncJobResults",
     "AsyncReclaimer",
     "AsyncWorker",
     "CancelReason",
@@ -50,10 +56,14 @@ __all__ = [
     "JobApp",
     "JobCancelled",
     "JobContext",
+    "JobFailed",
+    "JobNotFound",
     "JobOutcome",
+    "JobResults",
     "JobTimeout",
     "PermanentError",
     "Reclaimer",
+    "ResultTimeout",
     "Schedule",
     "ScheduleStatus",
     "SignalTimeout",

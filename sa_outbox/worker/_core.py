@@ -32,6 +32,7 @@ from ..ops import ClaimParams, JobOps, Op
 from ..queue import BatchResult, ClaimedJob
 from ..schema import JobStatus
 from ._settings import PREFETCH_BATCHES, PREFETCH_HORIZON, Settings, error_text, log
+from ._steps import returned_json
 from ._steps_async import AsyncSteps
 from ._steps_sync import Steps
 from .context import CancelReason, JobContext
@@ -76,6 +77,7 @@ class Entry:
     queued: bool = False  # claimed ahead, waiting for a free handler
     abandoned: bool = False
     task: Any = None  # the asyncio task running it, for AsyncWorker
+    result: str | None = None  # what the handler returned, as JSON, to record (`keep_result`)
 
     def __post_init__(self) -> None:
         self.pair = (self.job.id, self.job.lease_token)
@@ -140,6 +142,9 @@ class Core:
         self.stopping = False
         #: What `JobContext.step` runs on: set by the worker when the app has a steps table.
         self.steps: Steps | AsyncSteps | None = None
+        #: The steps table: with it, a handler's return value is recorded with its job's
+        #: completion and every finished job is announced to the waiters for results.
+        self.results_table: Table | None = app.steps_table
         limits = app.limits
         #: What this worker's claims ask for (the batch aside: `claim_params_for`).
         self.claim_params = ClaimParams(
@@ -341,6 +346,14 @@ class Core:
                     f"payload of job kind {entry.job.kind!r} is invalid: {exc}"
                 ) from exc
 
+    def keep_result(self, entry: Entry, returned: Any) -> None:
+        """What the handler returned, as the JSON its completion records (with a steps
+        table; ``None`` records nothing). A value that is not JSON, or too large, raises
+        the one-line error that fails the job: its result could not be kept."""
+        if self.results_table is None or returned is None or isinstance(returned, Snooze):
+            return
+        entry.result = returned_json(returned, entry.job.id, entry.job.kind)
+
     def finished(self, entry: Entry, error: BaseException | None) -> None:
         """A handler returned (``error`` None) or raised: decide what to write."""
         entry.running = False
@@ -469,8 +482,11 @@ class Core:
         """Whether `write_op` runs a single statement for these results (only completions
         without follow-up jobs, or nothing but a claim): then it needs no transaction of its
         own, and the driver runs it in autocommit mode (one round trip, one commit). A claim
-        under limits is two statements (the limits' lock, then the claim) in a transaction."""
+        under limits is two statements (the limits' lock, then the claim) in a transaction;
+        so are completions without a claim when results are recorded and announced."""
         if claim and self.limited:
+            return False
+        if results and not claim and self.results_table is not None:
             return False
         for result in results:
             if result.action is not Action.COMPLETE or result.entry.context.has_followups:
@@ -486,8 +502,14 @@ class Core:
         ops = self.ops
         outcomes: list[tuple[Result, JobOutcome]] = []
         if results and claim and self.one_statement(results, claim):
+            returned = [
+                (r.entry.job.id, r.entry.result) for r in results if r.entry.result is not None
+            ]
             done, taken = yield from ops.complete_and_claim(
-                [r.entry.pair for r in results], self.claim_params_for(claim)
+                [r.entry.pair for r in results],
+                self.claim_params_for(claim),
+                steps=self.results_table,
+                results=returned,
             )
             succeeded, lost = JobOutcome.SUCCEEDED, JobOutcome.LOST
             outcomes = [(r, succeeded if r.entry.pair in done else lost) for r in results]
@@ -497,11 +519,18 @@ class Core:
         if completes:
             done = yield from ops.complete_rows([r.entry.pair for r in completes])
             followups = []
+            returned = []
             for result in completes:
-                ok = result.entry.pair in done
+                entry = result.entry
+                ok = entry.pair in done
                 outcomes.append((result, JobOutcome.SUCCEEDED if ok else JobOutcome.LOST))
-                if ok and result.entry.context.has_followups:
-                    followups.extend(result.entry.context.followups)
+                if ok and entry.context.has_followups:
+                    followups.extend(entry.context.followups)
+                if ok and entry.result is not None:
+                    returned.append((entry.job.id, entry.result))
+            if returned:
+                assert self.results_table is not None
+                yield from ops.record_results(self.results_table, returned)
             if followups:  # each took its trace context when the handler enqueued it
                 yield from ops.enqueue_many(followups, trace=False)
         releases = [r for r in results if r.action is Action.RELEASE]
@@ -535,6 +564,10 @@ class Core:
             except LeaseLost:
                 outcomes.append((result, JobOutcome.LOST))
         outcomes = yield from self._cancelled_or_lost(outcomes)
+        if self.results_table is not None:
+            ended = [r.entry.job.id for r, outcome in outcomes if outcome in _FINISHED]
+            if ended:
+                yield from ops.notify_done(ended)
         claimed: list[ClaimedJob] = []
         if claim:
             claimed = yield from ops.claim(self.claim_params_for(claim))
@@ -762,6 +795,10 @@ class Core:
                 if not e.context.cancel.cancelled:
                     due.append(e.lease_deadline)
         return max(0.0, min(due) - now) if due else None
+
+
+#: The outcomes after which a job is finished (what waiters for results wait for).
+_FINISHED = frozenset({JobOutcome.SUCCEEDED, JobOutcome.FAILED, JobOutcome.CANCELLED})
 
 
 def outcome_fields(result: Result, outcome: JobOutcome) -> dict[str, Any]:

@@ -32,12 +32,12 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import URL, Connection, text
 
 from .._connect_args import describe, in_use, interrupt, listen_connect_args
 from .._exceptions import InvalidArgument, InvalidArgumentType
 from .._pooler import PROBE_NOTIFY_SQL
-from ..ops import arun, run
+from ..ops import Op, arun, run
 from ._core import Core, Entry
 from ._driver import FINAL_WRITE_TIMEOUT, DriverBase, Interrupted
 from ._settings import check_engine
@@ -61,9 +61,11 @@ __all__ = [
     "Handlers",
     "Keeper",
     "Runner",
+    "async_listen_on",
     "async_open_listener",
     "async_pool_connection",
     "async_wait_event",
+    "listen_on",
     "open_listener",
     "pool_connection",
     "require_async_engine",
@@ -710,7 +712,47 @@ def open_listener(worker: Driver) -> Listener | None:
     Examples:
         worker.listener = open_listener(worker)
     """
-    engine, listen_url = worker.engine, worker.listen_url
+    ops = worker.core.ops
+    return listen_on(
+        worker.engine,
+        worker.listen_url,
+        ops.notify_channel,
+        worker.settings.poll_interval,
+        **worker._listener_callbacks(),
+    )
+
+
+def async_open_listener(worker: Driver) -> AsyncListener | None:
+    """`open_listener` for `AsyncWorker`: a task on a psycopg ``AsyncConnection`` of its
+    own; ``None`` (it polls) when the engine's driver is not psycopg.
+
+    Examples:
+        worker.listener = async_open_listener(worker)
+    """
+    ops = worker.core.ops
+    return async_listen_on(
+        worker.engine,
+        worker.listen_url,
+        ops.notify_channel,
+        worker.settings.poll_interval,
+        **worker._listener_callbacks(),
+    )
+
+
+def listen_on(
+    engine: Any,
+    listen_url: URL | None,
+    channel_op: Callable[[], Op[str | None]],
+    poll_interval: float,
+    **callbacks: Any,
+) -> Listener | None:
+    """A `Listener` thread, started, on the channel ``channel_op`` finds: on a connection
+    of ``engine``'s pool (detached: it never goes back), or a direct one to ``listen_url``.
+    ``poll_interval`` is what its user polls at without it (for `async_listen_on`'s log).
+
+    Examples:
+        listener = listen_on(engine, None, ops.notify_channel, 1.0, on_notify=print)
+    """
 
     def connect() -> Any:
         if listen_url is not None:  # a direct connection, past the engine's pooler
@@ -725,31 +767,37 @@ def open_listener(worker: Driver) -> Listener | None:
 
     def channel() -> str | None:
         with engine.begin() as conn:
-            return run(conn, worker.core.ops.notify_channel())
+            return run(conn, channel_op())
 
     def probe(channel: str) -> None:
         with engine.begin() as conn:
             conn.execute(text(PROBE_NOTIFY_SQL), {"channel": channel})
 
-    listener = Listener(connect, channel, probe=probe, **worker._listener_callbacks())
+    listener = Listener(connect, channel, probe=probe, **callbacks)
     listener.start()
     return listener
 
 
-def async_open_listener(worker: Driver) -> AsyncListener | None:
-    """`open_listener` for `AsyncWorker`: a task on a psycopg ``AsyncConnection`` of its
-    own; ``None`` (it polls) when the engine's driver is not psycopg.
+def async_listen_on(
+    engine: Any,
+    listen_url: URL | None,
+    channel_op: Callable[[], Op[str | None]],
+    poll_interval: float,
+    **callbacks: Any,
+) -> AsyncListener | None:
+    """`listen_on` for asyncio: an `AsyncListener` task on a psycopg ``AsyncConnection`` of
+    its own; ``None`` (its user polls every ``poll_interval``) when the engine's driver is
+    not psycopg and there is no ``listen_url``.
 
     Examples:
-        worker.listener = async_open_listener(worker)
+        listener = async_listen_on(async_engine, None, ops.notify_channel, 1.0, on_notify=print)
     """
-    engine, listen_url = worker.engine, worker.listen_url
     dialect = engine.dialect
     if dialect.driver != "psycopg" and listen_url is None:
         log.warning(
             "LISTEN needs the psycopg driver (the engine uses %s): polling every %g s",
             dialect.driver,
-            worker.settings.poll_interval,
+            poll_interval,
         )
         return None
     import psycopg
@@ -765,12 +813,12 @@ def async_open_listener(worker: Driver) -> AsyncListener | None:
 
     async def channel() -> str | None:
         async with engine.begin() as conn:
-            return await arun(conn, worker.core.ops.notify_channel())
+            return await arun(conn, channel_op())
 
     async def probe(channel: str) -> None:
         async with engine.begin() as conn:
             await conn.execute(text(PROBE_NOTIFY_SQL), {"channel": channel})
 
-    listener = AsyncListener(connect, channel, probe=probe, **worker._listener_callbacks())
+    listener = AsyncListener(connect, channel, probe=probe, **callbacks)
     listener.start()
     return listener

@@ -64,6 +64,13 @@ def result_json(value: Any, name: str, job_id: uuid.UUID) -> str:
     return text
 
 
+def returned_json(value: Any, job_id: uuid.UUID, kind: str) -> str:
+    """A handler's return value as the JSON recorded as its job's result (size-limited)."""
+    what = f"the value returned by job {job_id} (kind {kind!r})"
+    text: str = serialise(value, what, compact_json, MAX_STEP_RESULT_BYTES)
+    return text
+
+
 def recorded_value(text: str) -> Any:
     """What a step returns: its result as recorded, the same on every attempt."""
     return json.loads(text)

@@ -426,6 +426,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         try:
             self.core.parse(entry)
             returned = await self._handlers.call(entry, traced)
+            self.core.keep_result(entry, returned)
         except BaseException as exc:
             return exc
         return returned if isinstance(returned, Snooze) else None  # returned, not raised

@@ -6,6 +6,8 @@ A handler raises `PermanentError` (or a subclass) when retrying cannot help: the
 timeout passed: retried like any transient error) in ``last_error``. `JobCancelled` is what
 `CancelToken.raise_if_cancelled` raises inside a handler; `StepsUnavailable`, a durable
 step called where it cannot run; `SignalTimeout`, a signal that did not come in time.
+`JobFailed`, `ResultTimeout` and `JobNotFound` are what waiting for a job's result
+(`JobResults.result`) raises when it did not succeed, did not finish in time, or is unknown.
 `Snooze` is not an error: a handler returns or raises it to run its job again later,
 without counting a failure.
 
@@ -18,16 +20,21 @@ Examples:
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 
 from .._exceptions import SaOutboxError
+from ..schema import JobStatus
 from ..statements._job_settle import MAX_SNOOZE, snooze_delay
 
 __all__ = [
     "DatabaseUnreachable",
     "InvalidPayload",
     "JobCancelled",
+    "JobFailed",
+    "JobNotFound",
     "JobTimeout",
     "PermanentError",
+    "ResultTimeout",
     "SignalTimeout",
     "Snooze",
     "StepsUnavailable",
@@ -146,6 +153,46 @@ class SignalTimeout(PermanentError):
 
     Examples:
         >>> isinstance(SignalTimeout("no signal 'approved'"), PermanentError)
+        True
+    """
+
+
+class JobFailed(SaOutboxError):
+    """`JobResults.result` waited for a job that finished without succeeding: it ``failed``
+    (``error`` is its last error) or was ``cancelled`` (``status`` says which).
+
+    Examples:
+        >>> import uuid
+        >>> from sa_outbox.schema import JobStatus
+        >>> err = JobFailed(uuid.UUID(int=1), JobStatus.FAILED, "ValueError: bad card")
+        >>> print(err)
+        job 00000000-0000-0000-0000-000000000001 failed: ValueError: bad card
+    """
+
+    def __init__(self, job_id: uuid.UUID, status: JobStatus, error: str | None) -> None:
+        self.job_id = job_id
+        self.status = status
+        self.error = error
+        why = f": {error}" if error else ""
+        super().__init__(f"job {job_id} {status.value}{why}")
+
+
+class ResultTimeout(SaOutboxError, TimeoutError):
+    """`JobResults.result`'s ``timeout`` passed before the job finished (it still runs, or
+    waits its turn: waiting again later is fine).
+
+    Examples:
+        >>> isinstance(ResultTimeout("job 1 did not finish within 5 s"), TimeoutError)
+        True
+    """
+
+
+class JobNotFound(SaOutboxError, LookupError):
+    """`JobResults.result` was asked for a job that is not in the table: never enqueued (or
+    rolled back), or pruned by retention.
+
+    Examples:
+        >>> isinstance(JobNotFound("no job 1"), LookupError)
         True
     """
 

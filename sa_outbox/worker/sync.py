@@ -421,6 +421,7 @@ class Worker(DriverBase["Engine"]):
         try:
             self.core.parse(entry)
             returned = self._handlers.call(entry, traced)
+            self.core.keep_result(entry, returned)
         except BaseException as exc:
             return exc
         return returned if isinstance(returned, Snooze) else None  # returned, not raised
