@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import uuid
 from collections.abc import Sequence
 
 from ._exceptions import InvalidArgument, InvalidArgumentType
@@ -255,3 +256,20 @@ def aware_datetime(value: object, what: str) -> dt.datetime:
     if value.tzinfo is None:
         raise InvalidArgument(f"{what} must be timezone-aware, got naive {value}")
     return value
+
+
+def as_uuid(value: object, what: str) -> uuid.UUID:
+    """``value`` as a UUID (a UUID, or its text), or a one-line error naming ``what``.
+
+    Examples:
+        >>> as_uuid("00000000-0000-0000-0000-000000000001", "job id")
+        UUID('00000000-0000-0000-0000-000000000001')
+    """
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            raise InvalidArgument(f"{what} is not a UUID: {value!r}") from None
+    raise InvalidArgumentType(f"{what} must be a UUID, got {type(value).__name__}")

@@ -25,8 +25,13 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.sql import ClauseElement
 
-from sa_outbox.schema import JobMixin
-from sa_outbox.statements import claim_jobs, complete_and_claim_jobs
+from sa_outbox.schema import JobDependencyMixin, JobMixin
+from sa_outbox.statements import (
+    claim_jobs,
+    complete_and_claim_jobs,
+    release_dependants,
+    waiting_page,
+)
 
 SCHEMA = f"claim_plans_{uuid.uuid4().hex[:8]}"
 PENDING = 1_000_000
@@ -243,3 +248,90 @@ def test_kinds_behind_a_backlog_of_other_kinds_are_found_without_walking_it(big:
     finally:
         with big.begin() as conn:
             conn.execute(text(f"DELETE FROM {SCHEMA}.jobs WHERE kind LIKE 'late%'"))
+
+
+WAITING = 100_000
+#: What a waiting row holds until its release (`insert_dependant`).
+WAITING_JOB = {
+    "queue": "q0",
+    "kind": "k0",
+    "payload": {},
+    "priority": 0,
+    "max_attempts": 25,
+    "headers": None,
+    "lock_key": None,
+    "not_before": "2026-01-01T00:00:00+00:00",
+}
+
+
+class DependencyBase(DeclarativeBase):  # created by `waiting`, after `big` built its indexes
+    pass
+
+
+class JobDependency(JobDependencyMixin, DependencyBase):
+    __tablename__ = "job_dependencies"
+    __table_schema__ = SCHEMA
+
+
+@pytest.fixture(scope="module")
+def waiting(big: Engine) -> Engine:
+    """``WAITING`` jobs waiting for others beside the million pending ones."""
+    DependencyBase.metadata.create_all(big)
+    with big.begin() as conn:
+        conn.execute(
+            text(
+                f"INSERT INTO {SCHEMA}.job_dependencies (job_id, parents, on_failure, job)"
+                " SELECT gen_random_uuid(), ARRAY[gen_random_uuid(), gen_random_uuid()],"
+                " 'cancel', CAST(:job AS jsonb) FROM generate_series(1, :n)"
+            ),
+            {"n": WAITING, "job": json.dumps(WAITING_JOB)},
+        )
+    with big.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"VACUUM ANALYZE {SCHEMA}.job_dependencies"))
+    return big
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("shape", ["nothing named", "several kinds", "one queue and kinds"])
+def test_jobs_waiting_for_others_change_nothing_in_the_claim(
+    waiting: Engine, shape: str, mode: str
+) -> None:
+    """They are not in the job table: the claim never reads them, at any count."""
+    statement = complete_and_claim_jobs(
+        Job, [(uuid.uuid4(), uuid.uuid4())], worker_id="w", batch=BATCH, **SHAPES[shape]
+    )
+    assert "job_dependencies" not in str(statement)
+    plan = plan_of(waiting, statement, mode)
+    claim = next(
+        node
+        for _, node in nodes(plan)
+        if node.get("Subplan Name") == "CTE claimed" or node.get("CTE Name") == "claimed"
+    )
+    assert_walks_a_ready_index(claim, _branches(SHAPES[shape]))
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_a_release_finds_the_dependants_of_finished_jobs_by_index(
+    waiting: Engine, mode: str
+) -> None:
+    """After a write, the release looks up the waiting rows whose parents include the
+    finished jobs through the GIN index; a sweep's page walks the waiting rows' index."""
+    with waiting.connect() as conn:
+        parents = (
+            conn.execute(text(f"SELECT parents[1] FROM {SCHEMA}.job_dependencies LIMIT 3"))
+            .scalars()
+            .all()
+        )
+    plan = plan_of(waiting, release_dependants(Job, JobDependency, parents=parents), mode)
+    shown = json.dumps(plan, indent=1)
+    scans = [n for _, n in nodes(plan) if n.get("Relation Name") in ("job_dependencies", "jobs")]
+    assert all("Seq Scan" not in n["Node Type"] for n in scans), shown
+    picks = [n for _, n in nodes(plan) if n.get("Index Name") == "job_dependencies_parents_idx"]
+    assert picks and picks[0]["Node Type"] == "Bitmap Index Scan", shown
+    assert picks[0]["Actual Rows"] <= 10, shown
+    page = plan_of(waiting, waiting_page(JobDependency, after=None, limit=1000), mode)
+    shown = json.dumps(page, indent=1)
+    assert page["Node Type"] == "Limit", shown
+    [walk] = [n for _, n in nodes(page) if n.get("Relation Name") == "job_dependencies"]
+    assert walk["Index Name"] == "job_dependencies_waiting_idx", shown
+    assert walk["Actual Rows"] == 1000, shown

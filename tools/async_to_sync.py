@@ -211,6 +211,7 @@ CONVERSIONS = [
             "AsyncJobQueue": "JobQueue",
             "AsyncConn": "SyncConn",
             "aenqueue_on": "enqueue_on",
+            "ain_transaction": "in_transaction",
             "copy_jobs_async": "copy_jobs_sync",
         },
         text={

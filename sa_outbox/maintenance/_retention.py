@@ -146,6 +146,7 @@ class _Base(Generic[E]):
         progress: Progress | None = None,
         inbox: object | None = None,
         steps: object | None = None,
+        dependencies: object | None = None,
     ) -> None:
         if jobs is None and outbox is None and inbox is None:
             raise InvalidArgument(
@@ -161,6 +162,8 @@ class _Base(Generic[E]):
         self.inbox = None if inbox is None else inbox_table(inbox)
         #: The `JobStepMixin` table: a job's recorded steps are pruned with the job.
         self.steps = None if steps is None else resolve_table(steps)
+        #: The `JobDependencyMixin` table: what a job waited for is pruned with the job.
+        self.dependencies = None if dependencies is None else resolve_table(dependencies)
         self.retention = retention
         self.clock = clock
         self.progress = progress
@@ -183,6 +186,7 @@ class _Base(Generic[E]):
                     batch=r.batch,
                     clock=self.clock,
                     steps=self.steps,
+                    dependencies=self.dependencies,
                 )
                 yield _Task(self.jobs.fullname, str(status), st.prune_lock(self.jobs), delete)
         window = r.window("published")

@@ -17,6 +17,7 @@ Examples:
     >>> engine.dispose()
 """
 
+from ._dependencies import DependencyOps, check_parents
 from ._drive import (
     COMMIT,
     ROLLBACK,
@@ -48,6 +49,7 @@ __all__ = [
     "BoundOp",
     "BoundStep",
     "ClaimParams",
+    "DependencyOps",
     "HeldSteps",
     "InboxOps",
     "JobOps",
@@ -59,5 +61,6 @@ __all__ = [
     "SyncConn",
     "TransactionStep",
     "arun",
+    "check_parents",
     "run",
 ]

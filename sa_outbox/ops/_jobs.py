@@ -460,8 +460,11 @@ class JobOps:
         """The channel finished jobs are announced on; ``None`` when the table is missing."""
         return (yield st.job_done_channel_of(self.table)).scalar()  # type: ignore[no-any-return]
 
-    def results(self, steps: Table, ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, JobResult]]:
-        """The state and result of each of these jobs that exists, by id."""
+    def results(
+        self, steps: Table, ids: Sequence[uuid.UUID], *, dependencies: Table | None = None
+    ) -> Op[dict[uuid.UUID, JobResult]]:
+        """The state and result of each of these jobs that exists, by id; given the
+        ``dependencies`` table, a job still waiting there is ``pending`` and ``waiting``."""
         found = {}
         for job_id, status, error, value, recorded in (
             yield st.select_job_results(self.table, steps, ids)
@@ -470,6 +473,10 @@ class JobOps:
             if status is not JobStatus.SUCCEEDED or not recorded:
                 value = None
             found[job_id] = JobResult(job_id, status, value, error)
+        missing = [job_id for job_id in ids if job_id not in found]
+        if missing and dependencies is not None:
+            for (job_id,) in (yield st.select_waiting(dependencies, missing)):
+                found[job_id] = JobResult(job_id, JobStatus.PENDING, None, None, waiting=True)
         return found
 
     def held_cancelled(self, pairs: Sequence[Pair]) -> Op[set[Pair]]:

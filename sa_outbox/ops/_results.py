@@ -156,6 +156,9 @@ class JobResult:
     status: JobStatus
     value: Any
     error: str | None
+    #: True while the job waits for other jobs (``after=``): ``pending``, not yet in the
+    #: job table.
+    waiting: bool = False
 
     @property
     def finished(self) -> bool:

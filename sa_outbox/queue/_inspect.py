@@ -29,9 +29,9 @@ from sqlalchemy.exc import IntegrityError
 from .. import statements as st
 from .._clock import Clock
 from .._exceptions import InvalidArgument
+from .._validation import as_uuid
 from ..ops._results import RetriedJobs
 from ..schema import JobStatus, resolve_table
-from ..statements._common import as_uuid
 from ._control import PausedQueue
 from ._outbox_sync import Outbox
 

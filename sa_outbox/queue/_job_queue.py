@@ -18,7 +18,7 @@ from .._asyncio_ext import is_async_engine
 from .._backoff import Backoff
 from .._clock import Clock
 from .._exceptions import InvalidArgument
-from ..ops import JobOps, SyncConn, arun, run
+from ..ops import DependencyOps, JobOps, SyncConn, arun, run
 from ..ops._cursor import NOT_RUN
 from ..ops._results import EnqueueResult
 from ..schema import JobStatus, resolve_table
@@ -45,11 +45,28 @@ class JobQueueBase:
         dumps: Dumps | None = None,
         max_payload_bytes: int = st.DEFAULT_MAX_PAYLOAD_BYTES,
         steps: object | None = None,
+        dependencies: object | None = None,
     ) -> None:
         self._ops = JobOps(
             model, clock=clock, backoff=backoff, dumps=dumps, max_payload_bytes=max_payload_bytes
         )
         self._steps = None if steps is None else resolve_table(steps)
+        self._deps = (
+            None
+            if dependencies is None
+            else DependencyOps(self._ops.table, resolve_table(dependencies), clock=clock)
+        )
+
+    def _dependency_ops(self, called: str) -> DependencyOps:
+        """The operations on the `JobDependencyMixin` table (``dependencies=``), or a one-line
+        error naming the method ``called``."""
+        if self._deps is None:
+            raise InvalidArgument(
+                f"{called} needs the dependencies table: JobQueue(Job, dependencies="
+                "JobDependency), with JobDependency a model on "
+                "sa_outbox.schema.JobDependencyMixin"
+            )
+        return self._deps
 
     def _steps_table(self, called: str) -> Table:
         """The `JobStepMixin` table of signals and results (``steps=``), or a one-line error
@@ -73,6 +90,25 @@ class JobQueueBase:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.table.fullname!r})"
+
+
+def in_transaction(conn: SyncConn | Engine, what: str) -> SyncConn:
+    """``conn``, refused in one line when it is the engine itself: ``what`` runs in the
+    caller's transaction."""
+    if isinstance(conn, Engine):
+        raise InvalidArgument(
+            f"{what} runs in your transaction: give it a connection or a session, not the engine"
+        )
+    return conn
+
+
+def ain_transaction(conn: AsyncConn | AsyncEngine, what: str) -> AsyncConn:
+    """`in_transaction` for asyncio."""
+    if is_async_engine(conn):
+        raise InvalidArgument(
+            f"{what} runs in your transaction: give it a connection or a session, not the engine"
+        )
+    return cast("AsyncConn", conn)
 
 
 def enqueue_on(conn: SyncConn | Engine, ops: JobOps, values: dict[str, Any]) -> EnqueueResult:

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import statements as st
-from ..ops import ClaimParams, arun
+from .._validation import as_uuid
+from ..ops import ClaimParams, arun, check_parents
 from ..ops._results import (
     BatchResult,
     CancelResult,
@@ -22,9 +23,8 @@ from ..ops._results import (
     RetryResult,
 )
 from ..schema import JobStatus
-from ..statements._common import as_uuid
 from ._copy import copy_jobs_async
-from ._job_queue import FINISHED, JobQueueBase, Pairs, aenqueue_on
+from ._job_queue import FINISHED, JobQueueBase, Pairs, aenqueue_on, ain_transaction
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -70,9 +70,14 @@ class AsyncJobQueue(JobQueueBase):
         headers: Mapping[str, str] | None = None,
         lock_key: str | None = None,
         unique: st.Unique | None = None,
+        after: Sequence[uuid.UUID] | None = None,
+        on_failure: str = "cancel",
     ) -> EnqueueResult:
         """Add one job; ``inserted`` is False when its deduplication key is already taken (or,
         for a ``unique`` job, its unique key: `Unique`, docs/unique.md).
+
+        ``after`` (job ids) makes it wait for those jobs: it runs once they have all
+        succeeded (see `enqueue_after`).
 
         On a connection or session the job joins the caller's transaction and commits with
         it. Given the `AsyncEngine` itself, it is one autocommit ``INSERT``: one round trip,
@@ -105,7 +110,41 @@ class AsyncJobQueue(JobQueueBase):
             lock_key,
             unique,
         )
+        if after is not None:
+            return await self.enqueue_after(conn, job, after, on_failure=on_failure)
         return await self.enqueue_one(conn, job)
+
+    async def enqueue_after(
+        self,
+        conn: AsyncConn | AsyncEngine,
+        job: st.NewJob,
+        after: Sequence[uuid.UUID],
+        *,
+        on_failure: str = "cancel",
+    ) -> EnqueueResult:
+        """Add a job that waits for the jobs ``after`` names, in the caller's transaction.
+
+        It waits in the dependencies table, where no claim meets it, and goes into the job
+        table when the last of them has succeeded. When one fails or is cancelled,
+        ``on_failure`` decides: ``"cancel"`` (it is ``cancelled``, and so are the jobs that
+        wait for it), ``"fail"`` (it is ``failed``), ``"run"`` (it runs once all of them
+        have finished). The jobs waited for may be new in this transaction, pending,
+        running, waiting themselves, or finished (then it is decided at once). They are
+        locked ``FOR SHARE`` until the caller's transaction ends. Needs
+        ``AsyncJobQueue(Job, dependencies=JobDependency)``; a dependant may have no
+        ``deduplication_key`` nor ``unique``. See docs/workflows.md.
+
+        Examples:
+            async with async_engine.begin() as conn:
+                a = (await queue.enqueue(conn, "reserve", {"order": 7})).id
+                b = (await queue.enqueue(conn, "charge", {"order": 7}, after=[a])).id
+                await queue.enqueue_after(conn, NewJob("ship", {"order": 7}), [b])
+        """
+        deps = self._dependency_ops("enqueue with after=")
+        parents = check_parents(after)
+        policy = st.check_on_failure(on_failure)
+        session = ain_transaction(conn, "enqueue with after=")
+        return await arun(session, deps.enqueue(self._ops.job_values(job), parents, policy))
 
     async def enqueue_one(self, conn: AsyncConn | AsyncEngine, job: st.NewJob) -> EnqueueResult:
         """`enqueue` for a job given as a `NewJob`.
@@ -287,7 +326,9 @@ class AsyncJobQueue(JobQueueBase):
         """
         steps = self._steps_table("read_result")
         job_id = as_uuid(job_id, "job id")
-        return (await arun(conn, self._ops.results(steps, [job_id]))).get(job_id)
+        deps = None if self._deps is None else self._deps.deps
+        found = await arun(conn, self._ops.results(steps, [job_id], dependencies=deps))
+        return found.get(job_id)
 
     async def notify_channel(self, conn: AsyncConn) -> str | None:
         """The channel the table's NOTIFY trigger sends on (``None`` if the table is absent).
@@ -337,13 +378,18 @@ class AsyncJobQueue(JobQueueBase):
         reason `CancelReason.CANCELLED`, and whatever the handler then returns or raises, the
         job stays ``cancelled`` (every result write is fenced by ``status = 'running'``).
         Finished jobs are left alone (`CancelResult.finished`); unknown ids are reported.
+        Given ``dependencies=``, a job waiting for others is cancelled too, and the jobs
+        that wait for a cancelled job are decided by their ``on_failure``.
 
         Examples:
             async with async_engine.begin() as conn:
                 result = await queue.cancel(conn, [job_id])
             result.cancelled, result.cancelling, result.finished, result.unknown
         """
-        return await arun(conn, self._ops.cancel(ids, notify_done=self._steps is not None))
+        announce = self._steps is not None
+        if self._deps is not None:  # waiting jobs too, and what waits for the cancelled
+            return await arun(conn, self._deps.cancel(self._ops, ids, notify_done=announce))
+        return await arun(conn, self._ops.cancel(ids, notify_done=announce))
 
     async def prune(
         self,

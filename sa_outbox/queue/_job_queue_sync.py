@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import statements as st
-from ..ops import ClaimParams, run
+from .._validation import as_uuid
+from ..ops import ClaimParams, check_parents, run
 from ..ops._results import (
     BatchResult,
     CancelResult,
@@ -24,9 +25,8 @@ from ..ops._results import (
     RetryResult,
 )
 from ..schema import JobStatus
-from ..statements._common import as_uuid
 from ._copy import copy_jobs_sync
-from ._job_queue import FINISHED, JobQueueBase, Pairs, enqueue_on
+from ._job_queue import FINISHED, JobQueueBase, Pairs, enqueue_on, in_transaction
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -72,9 +72,14 @@ class JobQueue(JobQueueBase):
         headers: Mapping[str, str] | None = None,
         lock_key: str | None = None,
         unique: st.Unique | None = None,
+        after: Sequence[uuid.UUID] | None = None,
+        on_failure: str = "cancel",
     ) -> EnqueueResult:
         """Add one job; ``inserted`` is False when its deduplication key is already taken (or,
         for a ``unique`` job, its unique key: `Unique`, docs/unique.md).
+
+        ``after`` (job ids) makes it wait for those jobs: it runs once they have all
+        succeeded (see `enqueue_after`).
 
         On a connection or session the job joins the caller's transaction and commits with
         it. Given the `Engine` itself, it is one autocommit ``INSERT``: one round trip,
@@ -107,7 +112,41 @@ class JobQueue(JobQueueBase):
             lock_key,
             unique,
         )
+        if after is not None:
+            return self.enqueue_after(conn, job, after, on_failure=on_failure)
         return self.enqueue_one(conn, job)
+
+    def enqueue_after(
+        self,
+        conn: SyncConn | Engine,
+        job: st.NewJob,
+        after: Sequence[uuid.UUID],
+        *,
+        on_failure: str = "cancel",
+    ) -> EnqueueResult:
+        """Add a job that waits for the jobs ``after`` names, in the caller's transaction.
+
+        It waits in the dependencies table, where no claim meets it, and goes into the job
+        table when the last of them has succeeded. When one fails or is cancelled,
+        ``on_failure`` decides: ``"cancel"`` (it is ``cancelled``, and so are the jobs that
+        wait for it), ``"fail"`` (it is ``failed``), ``"run"`` (it runs once all of them
+        have finished). The jobs waited for may be new in this transaction, pending,
+        running, waiting themselves, or finished (then it is decided at once). They are
+        locked ``FOR SHARE`` until the caller's transaction ends. Needs
+        ``JobQueue(Job, dependencies=JobDependency)``; a dependant may have no
+        ``deduplication_key`` nor ``unique``. See docs/workflows.md.
+
+        Examples:
+            with engine.begin() as conn:
+                a = (queue.enqueue(conn, "reserve", {"order": 7})).id
+                b = (queue.enqueue(conn, "charge", {"order": 7}, after=[a])).id
+                queue.enqueue_after(conn, NewJob("ship", {"order": 7}), [b])
+        """
+        deps = self._dependency_ops("enqueue with after=")
+        parents = check_parents(after)
+        policy = st.check_on_failure(on_failure)
+        session = in_transaction(conn, "enqueue with after=")
+        return run(session, deps.enqueue(self._ops.job_values(job), parents, policy))
 
     def enqueue_one(self, conn: SyncConn | Engine, job: st.NewJob) -> EnqueueResult:
         """`enqueue` for a job given as a `NewJob`.
@@ -289,7 +328,9 @@ class JobQueue(JobQueueBase):
         """
         steps = self._steps_table("read_result")
         job_id = as_uuid(job_id, "job id")
-        return (run(conn, self._ops.results(steps, [job_id]))).get(job_id)
+        deps = None if self._deps is None else self._deps.deps
+        found = run(conn, self._ops.results(steps, [job_id], dependencies=deps))
+        return found.get(job_id)
 
     def notify_channel(self, conn: SyncConn) -> str | None:
         """The channel the table's NOTIFY trigger sends on (``None`` if the table is absent).
@@ -339,13 +380,18 @@ class JobQueue(JobQueueBase):
         reason `CancelReason.CANCELLED`, and whatever the handler then returns or raises, the
         job stays ``cancelled`` (every result write is fenced by ``status = 'running'``).
         Finished jobs are left alone (`CancelResult.finished`); unknown ids are reported.
+        Given ``dependencies=``, a job waiting for others is cancelled too, and the jobs
+        that wait for a cancelled job are decided by their ``on_failure``.
 
         Examples:
             with engine.begin() as conn:
                 result = queue.cancel(conn, [job_id])
             result.cancelled, result.cancelling, result.finished, result.unknown
         """
-        return run(conn, self._ops.cancel(ids, notify_done=self._steps is not None))
+        announce = self._steps is not None
+        if self._deps is not None:  # waiting jobs too, and what waits for the cancelled
+            return run(conn, self._deps.cancel(self._ops, ids, notify_done=announce))
+        return run(conn, self._ops.cancel(ids, notify_done=announce))
 
     def prune(
         self,

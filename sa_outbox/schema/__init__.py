@@ -13,7 +13,7 @@ name: ``{table}_ready_idx``, ``{table}_dedup_idx``, …
 
 Beside the jobs and the outbox: `QueuePauseMixin` (the table of paused queues),
 `RateLimitLogMixin` (the recent claims that rate limits count), `JobStepMixin` (durable
-steps' recorded results), and `InboxMixin` /
+steps' recorded results), `JobDependencyMixin` (jobs waiting for other jobs), and `InboxMixin` /
 `InboxDataclassMixin` (a consumer's table of the messages it handled, keyed by
 ``(source, message_id)``).
 
@@ -32,6 +32,7 @@ Examples:
 """
 
 from ._columns import inbox_table_args, job_table_args, outbox_table_args
+from ._job_dependencies import ON_FAILURE, JobDependencyMixin
 from ._job_steps import JobStepMixin
 from ._mixins import (
     InboxDataclassMixin,
@@ -50,6 +51,7 @@ from ._storage import RECOMMENDED_JOB_STORAGE, RECOMMENDED_OUTBOX_STORAGE, STORA
 
 __all__ = [
     "JOB_STATUS_TYPE_NAME",
+    "ON_FAILURE",
     "PARTITION_INFO_KEY",
     "PARTITION_INTERVALS",
     "RECOMMENDED_JOB_STORAGE",
@@ -59,6 +61,7 @@ __all__ = [
     "InboxDataclassMixin",
     "InboxMixin",
     "JobDataclassMixin",
+    "JobDependencyMixin",
     "JobMixin",
     "JobStatus",
     "JobStepMixin",

@@ -19,6 +19,7 @@ from .._exceptions import (
     PayloadTooLarge,
 )
 from .._json import may_be_unstorable_utf8, unstorable_at
+from .._validation import as_uuid as as_uuid
 from ..schema import resolve_table
 
 #: Default limit of a serialised payload (1 MiB); PostgreSQL's own limit for jsonb is 255 MiB.
@@ -105,17 +106,6 @@ def jsonb(text: str) -> ColumnElement[Any]:
 
 def interval(delta: dt.timedelta) -> ColumnElement[dt.timedelta]:
     return bindparam(None, delta, type_=Interval)
-
-
-def as_uuid(value: object, what: str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    if isinstance(value, str):
-        try:
-            return uuid.UUID(value)
-        except ValueError:
-            raise InvalidArgument(f"{what} is not a UUID: {value!r}") from None
-    raise InvalidArgumentType(f"{what} must be a UUID, got {type(value).__name__}")
 
 
 def id_token_pairs(

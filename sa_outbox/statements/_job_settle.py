@@ -525,6 +525,7 @@ def prune_jobs(
     batch: int = 1000,
     clock: Clock | None = None,
     steps: object | None = None,
+    dependencies: object | None = None,
 ) -> Delete:
     """Delete one batch of finished jobs last updated more than ``older_than`` ago.
 
@@ -532,7 +533,8 @@ def prune_jobs(
     picked with ``FOR UPDATE SKIP LOCKED`` so a prune never waits on (or holds up) the
     queue; run it until it deletes fewer than ``batch`` rows. Given ``steps`` (the
     `JobStepMixin` table), the recorded steps of the jobs deleted go in the same statement;
-    the row count is still the jobs'.
+    the row count is still the jobs'. So do their rows in ``dependencies`` (the
+    `JobDependencyMixin` table: the record of what they waited for).
 
     Examples:
         >>> from sa_outbox.schema import JobMixin
@@ -563,12 +565,15 @@ def prune_jobs(
         .limit(size)
         .with_for_update(skip_locked=True)
     )
-    if steps is None:
+    if steps is None and dependencies is None:
         return delete(t).where(t.c.id.in_(doomed.scalar_subquery()))
-    s = table_of(steps)
     picked = doomed.cte("doomed")
-    their_steps = delete(s).where(s.c.job_id.in_(select(picked.c.id))).cte("doomed_steps")
-    return delete(t).where(t.c.id.in_(select(picked.c.id))).add_cte(their_steps)
+    stmt = delete(t).where(t.c.id.in_(select(picked.c.id)))
+    for name, other in (("doomed_steps", steps), ("doomed_dependencies", dependencies)):
+        if other is not None:
+            o = table_of(other)
+            stmt = stmt.add_cte(delete(o).where(o.c.job_id.in_(select(picked.c.id))).cte(name))
+    return stmt
 
 
 def count_jobs_by_status(target: object) -> Select[tuple[JobStatus, int]]:

@@ -28,7 +28,7 @@ from sqlalchemy import Table
 from .. import statements as st
 from .._exceptions import InvalidArgument, InvalidArgumentType, LeaseLost
 from .._tracing import trace_id_of
-from ..ops import ClaimParams, JobOps, Op
+from ..ops import ClaimParams, DependencyOps, JobOps, Op
 from ..queue import BatchResult, ClaimedJob
 from ..schema import JobStatus
 from ._settings import PREFETCH_BATCHES, PREFETCH_HORIZON, Settings, error_text, log
@@ -145,6 +145,12 @@ class Core:
         #: The steps table: with it, a handler's return value is recorded with its job's
         #: completion and every finished job is announced to the waiters for results.
         self.results_table: Table | None = app.steps_table
+        deps = app.dependencies_table
+        #: Jobs that wait for others (``JobApp(dependencies=)``), released after each write
+        #: that finished jobs (`release_op`) and by the keeper's sweep (`sweep_op`).
+        self.dependencies = (
+            None if deps is None else DependencyOps(app.table, deps, clock=ops.clock)
+        )
         limits = app.limits
         #: What this worker's claims ask for (the batch aside: `claim_params_for`).
         self.claim_params = ClaimParams(
@@ -634,6 +640,32 @@ class Core:
                 )
             self.hook("job_finished", entry.job.kind, outcome, result.seconds)
             self.hook("job_settled", entry.job, outcome, result.seconds)
+
+    def ended_parents(self, written: Written) -> list[uuid.UUID]:
+        """The jobs a committed write finished, when jobs may wait for them."""
+        if self.dependencies is None:
+            return []
+        return [r.entry.job.id for r, outcome in written.outcomes if outcome in _FINISHED]
+
+    def release_op(self, parents: Sequence[uuid.UUID]) -> Op[int]:
+        """Release the jobs waiting for ``parents`` that these now decide (`DependencyOps.
+        release`), announcing those released finished; how many were released."""
+        assert self.dependencies is not None
+        released = yield from self.dependencies.release(parents=parents)
+        yield from self._announce(released)
+        return len(released)
+
+    def sweep_op(self, after: uuid.UUID | None) -> Op[tuple[int, uuid.UUID | None]]:
+        """One page of the sweep of the waiting jobs (`DependencyOps.sweep_page`)."""
+        assert self.dependencies is not None
+        released, after = yield from self.dependencies.sweep_page(after)
+        yield from self._announce(released)
+        return len(released), after
+
+    def _announce(self, released: Sequence[tuple[uuid.UUID, JobStatus]]) -> Op[None]:
+        ended = [job_id for job_id, status in released if status is not JobStatus.PENDING]
+        if ended and self.results_table is not None:
+            yield from self.ops.notify_done(ended)
 
     def isolate(self, results: Sequence[Result], error: BaseException) -> list[list[Result]] | None:
         """A write of ``results`` was refused for its values (`is_bad_data`: a follow-up job

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import URL
 
 from .._connect_args import check_listen_url
+from .._validation import as_uuid
 from ..ops import JobOps, arun
 from ..queue import JobResult
 from ..schema import resolve_table
 from ..statements import parse_done_payload
-from ..statements._common import as_uuid
 from ._results import check_async_engine, check_wait, outcome
 from ._runtime import async_listen_on, async_wait_event
 from .errors import JobNotFound, ResultTimeout
@@ -48,7 +48,8 @@ class AsyncJobResults:
     connection pooler in transaction mode, where ``LISTEN`` hears nothing, it reads the job
     every ``poll_interval`` instead, as a worker claims; ``listen_url=`` gives it a direct
     connection to PostgreSQL for the ``LISTEN``. ``recheck`` bounds a wait between two reads
-    even while listening (a job finished by hand in SQL announces nothing).
+    even while listening (a job finished by hand in SQL announces nothing). Given
+    ``dependencies=``, a job still waiting for others reads as ``pending`` (not unknown).
 
     Examples:
         results = AsyncJobResults(async_engine, Job, steps=JobStep)
@@ -64,6 +65,7 @@ class AsyncJobResults:
         jobs: object,
         *,
         steps: object,
+        dependencies: object | None = None,
         listen_url: str | URL | None = None,
         poll_interval: dt.timedelta | float = 1.0,
         recheck: dt.timedelta | float = 30.0,
@@ -72,6 +74,7 @@ class AsyncJobResults:
         self.engine = engine
         self._ops = JobOps(jobs)
         self._steps = resolve_table(steps)
+        self._dependencies = None if dependencies is None else resolve_table(dependencies)
         self.listen_url = check_listen_url(listen_url)
         self.poll_interval = check_wait(poll_interval, "poll_interval")
         self.recheck = check_wait(recheck, "recheck")
@@ -92,7 +95,9 @@ class AsyncJobResults:
         """
         job_id = as_uuid(job_id, "job id")
         async with self.engine.connect() as conn:
-            found = await arun(conn, self._ops.results(self._steps, [job_id]))
+            found = await arun(
+                conn, self._ops.results(self._steps, [job_id], dependencies=self._dependencies)
+            )
         return found.get(job_id)
 
     async def result(self, job_id: uuid.UUID, *, timeout: dt.timedelta | float) -> Any:

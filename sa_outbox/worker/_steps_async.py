@@ -12,6 +12,7 @@ from sqlalchemy import Table
 
 from .. import statements as st
 from .._clock import Clock
+from ..ops import DependencyOps, arun
 from ._steps import (
     SessionChoice,
     async_step_session,
@@ -19,7 +20,7 @@ from ._steps import (
     recorded_value,
     result_json,
 )
-from .errors import SignalTimeout, Slept, Snooze
+from .errors import SignalTimeout, Slept, Snooze, StepsUnavailable
 
 if TYPE_CHECKING:  # sqlalchemy.ext.asyncio needs greenlet, which a plain install may lack
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -39,18 +40,35 @@ class AsyncSteps:
     """
 
     def __init__(
-        self, engine: AsyncEngine, jobs: Table, steps: Table, *, clock: Clock | None = None
+        self,
+        engine: AsyncEngine,
+        jobs: Table,
+        steps: Table,
+        *,
+        clock: Clock | None = None,
+        dependencies: Table | None = None,
     ) -> None:
         self.engine = engine
         self.jobs = jobs
         self.steps = steps
         self.clock = clock
+        self.dependencies = None if dependencies is None else DependencyOps(jobs, dependencies)
 
     async def recorded(self, job_id: uuid.UUID) -> dict[str, Any]:
         """The results recorded so far for the job's steps, by name."""
         async with self.engine.connect() as conn:
             rows = (await conn.execute(st.select_job_steps(self.steps, job_id))).all()
         return {name: result for name, result in rows}
+
+    async def parent_results(self, job_id: uuid.UUID) -> dict[uuid.UUID, Any]:
+        """What each job ``job_id`` waited for returned, in the order it named them."""
+        if self.dependencies is None:
+            raise StepsUnavailable(
+                "job.parent_results() needs the dependencies table: JobApp(Job, steps=JobStep, "
+                "dependencies=JobDependency)"
+            )
+        async with self.engine.connect() as conn:
+            return await arun(conn, self.dependencies.parent_results(self.steps, job_id))
 
     async def run(
         self,

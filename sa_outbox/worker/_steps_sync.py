@@ -13,6 +13,7 @@ from sqlalchemy import Table
 
 from .. import statements as st
 from .._clock import Clock
+from ..ops import DependencyOps, run
 from ._steps import (
     SessionChoice,
     lease_lost,
@@ -20,7 +21,7 @@ from ._steps import (
     result_json,
     step_session,
 )
-from .errors import SignalTimeout, Slept, Snooze
+from .errors import SignalTimeout, Slept, Snooze, StepsUnavailable
 
 if TYPE_CHECKING:  # only for the annotations
     from sqlalchemy import Engine
@@ -40,18 +41,35 @@ class Steps:
     """
 
     def __init__(
-        self, engine: Engine, jobs: Table, steps: Table, *, clock: Clock | None = None
+        self,
+        engine: Engine,
+        jobs: Table,
+        steps: Table,
+        *,
+        clock: Clock | None = None,
+        dependencies: Table | None = None,
     ) -> None:
         self.engine = engine
         self.jobs = jobs
         self.steps = steps
         self.clock = clock
+        self.dependencies = None if dependencies is None else DependencyOps(jobs, dependencies)
 
     def recorded(self, job_id: uuid.UUID) -> dict[str, Any]:
         """The results recorded so far for the job's steps, by name."""
         with self.engine.connect() as conn:
             rows = (conn.execute(st.select_job_steps(self.steps, job_id))).all()
         return {name: result for name, result in rows}
+
+    def parent_results(self, job_id: uuid.UUID) -> dict[uuid.UUID, Any]:
+        """What each job ``job_id`` waited for returned, in the order it named them."""
+        if self.dependencies is None:
+            raise StepsUnavailable(
+                "job.parent_results() needs the dependencies table: JobApp(Job, steps=JobStep, "
+                "dependencies=JobDependency)"
+            )
+        with self.engine.connect() as conn:
+            return run(conn, self.dependencies.parent_results(self.steps, job_id))
 
     def run(
         self,

@@ -147,7 +147,13 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         self._held: AsyncHeldConnection = AsyncHeldConnection(engine)
         steps = self.app.steps_table
         if steps is not None:
-            self.core.steps = AsyncSteps(engine, self.app.table, steps, clock=clock)
+            self.core.steps = AsyncSteps(
+                engine,
+                self.app.table,
+                steps,
+                clock=clock,
+                dependencies=self.app.dependencies_table,
+            )
         self.reclaimer = AsyncReclaimer(
             self.app,
             engine,
@@ -164,6 +170,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 retention=retention,
                 clock=clock,
                 steps=self.app.steps_table,
+                dependencies=self.app.dependencies_table,
             )
         )
         self.vacuumer = (
@@ -362,7 +369,28 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             entries = self.core.admit(written.claimed, claim, started, notifications)
         self.core.hook("batch_written", len(written.outcomes), len(written.claimed), elapsed)
         self._handlers.start(entries)
+        ended = self.core.ended_parents(written)
+        if ended:
+            await self._release_after(ended)
         return len(written.claimed)
+
+    async def _release_after(self, parents: list[Any]) -> None:
+        # After the write's commit, in a transaction of its own: it sees every write that
+        # committed before it began, so of two workers finishing the last two jobs another
+        # waits for, the later one's release finds both. A release that fails is left to
+        # the keeper's sweep (`release_dependants`).
+        try:
+            await self._database("release", lambda: self.core.release_op(parents))
+        except Exception as exc:
+            log.warning(
+                "%s %s: releasing the jobs that wait for %d finished jobs failed (%s: %s); "
+                "the keeper's sweep will",
+                self.name,
+                self.worker_id,
+                len(parents),
+                type(exc).__name__,
+                exc,
+            )
 
     async def _database(
         self, operation: str, op: Callable[[], Op[T]], *, autocommit: bool = False
@@ -437,7 +465,7 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         plan = KeeperPlan(self.settings, now=self.timer())
         chores: dict[Chore, Callable[[], Any]] = {
             "heartbeat": self.heartbeat,
-            "reclaim": self.reclaim,
+            "reclaim": self._repair,
             "vacuum": self.vacuum,
             "prune": self.prune_due,
             "schedule": self.run_schedules,
@@ -641,6 +669,30 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
             # -> []
         """
         return await self.reclaimer.run_once()
+
+    async def release_dependants(self) -> int:
+        """Sweep the jobs that wait for others (``JobApp(dependencies=)``): release each one
+        its parents now decide; returns how many were released. The keeper runs it with the
+        reclaimer: it releases what a worker killed between a write and its release left
+        waiting.
+
+        Examples:
+            await worker.release_dependants()
+            # -> 0
+        """
+        if self.core.dependencies is None:
+            return 0
+        total, after = 0, None
+        while True:
+            async with self.engine.begin() as conn:
+                released, after = await arun(conn, self.core.sweep_op(after))
+            total += released
+            if after is None:
+                return total
+
+    async def _repair(self) -> None:
+        await self.reclaim()
+        await self.release_dependants()
 
     async def run_once(self, timeout: float | None = None) -> int:
         """Claim one batch, wait for its handlers (up to ``timeout``), write the results.

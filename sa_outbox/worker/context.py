@@ -417,6 +417,34 @@ class JobContext:
         steps, recorded = await self._asyncio_steps("areceive_signal")
         return await steps.receive_signal(self.id, self.lease_token, recorded, checked, wait)
 
+    def parent_results(self) -> dict[uuid.UUID, Any]:
+        """What each job this one waited for (``enqueue(..., after=[...])``) returned, by id,
+        in the order they were named (``None`` for one that returned nothing, or failed when
+        this job runs anyway); empty for a job that waited for none. Needs
+        ``JobApp(Job, steps=JobStep, dependencies=JobDependency)``.
+
+        Examples:
+            @app.handler("ship")
+            def ship(job: JobContext) -> None:
+                [charge] = job.parent_results().values()
+                carrier.ship(job.payload["order"], paid_with=charge["charge_id"])
+        """
+        steps = self._steps
+        if not isinstance(steps, Steps):
+            raise StepsUnavailable(self._no_steps("parent_results", "aparent_results", steps))
+        return steps.parent_results(self.id)
+
+    async def aparent_results(self) -> dict[uuid.UUID, Any]:
+        """`parent_results` for ``async def`` handlers on an `AsyncWorker`.
+
+        Examples:
+            results = await job.aparent_results()
+        """
+        steps = self._steps
+        if not isinstance(steps, AsyncSteps):
+            raise StepsUnavailable(self._no_steps("aparent_results", "parent_results", steps))
+        return await steps.parent_results(self.id)
+
     def _thread_steps(self, called: str) -> tuple[Steps, dict[str, Any]]:
         """The thread worker's `Steps` and the job's recorded steps (read at the first call),
         or `StepsUnavailable` naming ``called`` and its asyncio twin."""

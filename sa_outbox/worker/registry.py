@@ -183,7 +183,9 @@ class JobApp:
     table rate limits count in. See docs/control.md, "Concurrency and rate limits".
 
     Durable steps: ``steps`` is the `JobStepMixin` table in which `JobContext.step` records
-    each completed step, so a retry resumes after it. See docs/steps.md.
+    each completed step, so a retry resumes after it; ``dependencies``, the
+    `JobDependencyMixin` table of jobs that wait for others (``enqueue(..., after=)``),
+    which the worker releases as their parents finish. See docs/workflows.md.
 
     Examples:
         app = JobApp(Job, backoff=Backoff(base=1, max=300, jitter=1))
@@ -201,10 +203,12 @@ class JobApp:
         backoff: Backoff | None = None,
         rate_log: object | None = None,
         steps: object | None = None,
+        dependencies: object | None = None,
     ) -> None:
         self._table = resolve_table(model)
         self._rate_log = None if rate_log is None else resolve_table(rate_log)
         self._steps = None if steps is None else resolve_table(steps)
+        self._dependencies = None if dependencies is None else resolve_table(dependencies)
         self._limits: dict[str, Limit] = {}
         self.model = model
         if backoff is not None and not isinstance(backoff, Backoff):
@@ -229,6 +233,11 @@ class JobApp:
     def steps_table(self) -> Table | None:
         """The `JobStepMixin` table durable steps record in (``steps=``), if any."""
         return self._steps
+
+    @property
+    def dependencies_table(self) -> Table | None:
+        """The `JobDependencyMixin` table of jobs waiting for others (``dependencies=``)."""
+        return self._dependencies
 
     @property
     def kinds(self) -> tuple[str, ...]:

@@ -1,0 +1,75 @@
+"""`JobDependencyMixin`: jobs that wait for other jobs, one row per dependant job."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any, ClassVar
+
+from sqlalchemy import DateTime, Index, Text, Uuid, func, text
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import Mapped, declared_attr, mapped_column
+
+#: What a dependant does when a job it waits for fails or is cancelled: it is cancelled,
+#: it fails, or it runs anyway once every job it waits for has finished.
+ON_FAILURE = ("cancel", "fail", "run")
+
+
+class JobDependencyMixin:
+    """One row per job enqueued to run after others (``JobQueue.enqueue(..., after=[...])``).
+
+    The job waits here, not in the job table, so no claim ever meets it: ``job`` holds its
+    values until every job in ``parents`` has succeeded, when it is released into the job
+    table (``released_at`` is set then, in the same transaction), or until one of them
+    failed or was cancelled, when it is released as ``cancelled`` or ``failed`` (the
+    ``on_failure`` policy; ``run`` waits for all of them to finish and runs it anyway). The
+    row stays after its release: it records the job's parents (`JobContext.parent_results`),
+    and retention prunes it with its job.
+
+    A plain table: ``alembic revision --autogenerate`` renders it with ``op.create_table``
+    and its two partial indexes (a GIN index on the waiting rows' ``parents``).
+
+    Examples:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> class Base(DeclarativeBase):
+        ...     pass
+        >>> class JobDependency(JobDependencyMixin, Base):
+        ...     __tablename__ = "job_dependencies"
+        >>> [c.name for c in JobDependency.__table__.columns]
+        ['job_id', 'parents', 'on_failure', 'job', 'released_at', 'created_at']
+        >>> sorted(i.name for i in JobDependency.__table__.indexes)
+        ['job_dependencies_parents_idx', 'job_dependencies_waiting_idx']
+    """
+
+    #: The schema of the table; ``None`` takes the metadata's default schema.
+    __table_schema__: ClassVar[str | None] = None
+
+    #: The id the job has (in the job table once released).
+    job_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    #: The jobs it waits for.
+    parents: Mapped[list[uuid.UUID]] = mapped_column(ARRAY(Uuid), nullable=False)
+    #: ``cancel``, ``fail`` or ``run``: what a parent that did not succeed does to it.
+    on_failure: Mapped[str] = mapped_column(Text, nullable=False)
+    #: The job's values (kind, queue, payload, …) until it is released.
+    job: Mapped[Any] = mapped_column(JSONB, nullable=False)
+    #: When it went into the job table; ``NULL`` while it waits.
+    released_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[Any, ...]:
+        name = cls.__dict__.get("__tablename__", getattr(cls, "__tablename__", "dependencies"))
+        schema = cls.__dict__.get("__table_schema__", getattr(cls, "__table_schema__", None))
+        waiting = text("released_at IS NULL")
+        indexes = (
+            Index(
+                f"{name}_parents_idx",
+                "parents",
+                postgresql_using="gin",
+                postgresql_where=waiting,
+            ),
+            Index(f"{name}_waiting_idx", "job_id", postgresql_where=waiting),
+        )
+        return (*indexes, {}) if schema is None else (*indexes, {"schema": schema})

@@ -1,0 +1,329 @@
+"""Jobs that wait for jobs (``enqueue(..., after=[...])``) against a real PostgreSQL.
+
+A dependant waits in the dependencies table, never in the job table; it is released
+``pending`` when its last parent succeeds, or ``cancelled`` / ``failed`` / run anyway by its
+``on_failure`` policy when a parent does not; the worker releases dependants right after the
+write that finished their parents, and its keeper sweeps for what a crash left.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select, text
+from sqlalchemy.orm import DeclarativeBase
+
+from sa_outbox import (
+    InvalidArgument,
+    InvalidArgumentType,
+    JobApp,
+    JobContext,
+    JobQueue,
+    JobStatus,
+    PermanentError,
+    Pruner,
+    Retention,
+    Worker,
+)
+from sa_outbox.schema import JobDependencyMixin
+from sa_outbox.statements import PARENT_FAILED
+from sa_outbox.worker import JobResults
+
+from .conftest import TEST_SCHEMA, Job
+from .helpers import job_row, jobs_by_status, wait_until
+from .test_steps import NO_JITTER, JobStep, steps_table
+
+__all__ = ["steps_table"]  # a fixture, used below by name
+
+WAIT = 20.0
+
+
+class DependencyBase(DeclarativeBase):
+    pass
+
+
+class JobDependency(JobDependencyMixin, DependencyBase):
+    __tablename__ = "job_dependencies"
+    __table_schema__ = TEST_SCHEMA
+
+
+@pytest.fixture
+def deps_table(engine: Engine, steps_table: None) -> Iterator[None]:
+    DependencyBase.metadata.create_all(engine)
+    try:
+        yield
+    finally:
+        DependencyBase.metadata.drop_all(engine)
+
+
+@pytest.fixture
+def dag_queue(clock: Any, deps_table: None) -> JobQueue:
+    return JobQueue(Job, clock=clock, steps=JobStep, dependencies=JobDependency)
+
+
+def dag_app(ran: list[str], *, failing: set[str] = frozenset()) -> JobApp:  # type: ignore[assignment]
+    app = JobApp(Job, backoff=NO_JITTER, steps=JobStep, dependencies=JobDependency)
+
+    @app.handler("node")
+    def node(job: JobContext) -> Any:
+        name = job.payload["name"]
+        ran.append(name)
+        if name in failing:
+            raise PermanentError(f"{name} broke")
+        parents = job.parent_results()
+        return {"name": name, "after": sorted(r["name"] for r in parents.values() if r)}
+
+    return app
+
+
+def in_jobs(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(Job.__table__)).scalar_one()
+
+
+def waiting(engine: Engine) -> int:
+    t = JobDependency.__table__
+    with engine.connect() as conn:
+        stmt = select(func.count()).select_from(t).where(t.c.released_at.is_(None))
+        return conn.execute(stmt).scalar_one()
+
+
+def test_a_dag_runs_each_job_after_the_jobs_it_waits_for(
+    engine: Engine, dag_queue: JobQueue, make_worker: Callable[..., Worker]
+) -> None:
+    with engine.begin() as conn:  # one transaction: A; B and C after A; D after B and C
+        a = dag_queue.enqueue(conn, "node", {"name": "a"}).id
+        b = dag_queue.enqueue(conn, "node", {"name": "b"}, after=[a]).id
+        c = dag_queue.enqueue(conn, "node", {"name": "c"}, after=[a]).id
+        d = dag_queue.enqueue(conn, "node", {"name": "d"}, after=[b, c]).id
+    assert in_jobs(engine) == 1 and waiting(engine) == 3  # only A can be claimed
+
+    ran: list[str] = []
+    assert make_worker(dag_app(ran)).drain(timeout=WAIT) == 4
+    assert ran[0] == "a" and set(ran[1:3]) == {"b", "c"} and ran[3] == "d"
+    assert jobs_by_status(engine) == {"succeeded": 4} and waiting(engine) == 0
+    with engine.connect() as conn:
+        found = dag_queue.read_result(conn, d)
+    assert found is not None and found.value == {"name": "d", "after": ["b", "c"]}
+
+
+def test_a_parent_that_fails_cancels_fails_or_lets_its_dependants_run(
+    engine: Engine, dag_queue: JobQueue, make_worker: Callable[..., Worker]
+) -> None:
+    with engine.begin() as conn:
+        a = dag_queue.enqueue(conn, "node", {"name": "a"}).id
+        cancelled = dag_queue.enqueue(conn, "node", {"name": "b"}, after=[a]).id
+        failed = dag_queue.enqueue(conn, "node", {"name": "c"}, after=[a], on_failure="fail").id
+        anyway = dag_queue.enqueue(conn, "node", {"name": "d"}, after=[a], on_failure="run").id
+        below = dag_queue.enqueue(conn, "node", {"name": "e"}, after=[cancelled, anyway]).id
+
+    ran: list[str] = []
+    make_worker(dag_app(ran, failing={"a"})).drain(timeout=WAIT)
+    assert ran == ["a", "d"]
+    states = {
+        name: job_row(engine, i)
+        for name, i in [("b", cancelled), ("c", failed), ("d", anyway), ("e", below)]
+    }
+    assert {n: r.status for n, r in states.items()} == {
+        "b": "cancelled",
+        "c": "failed",
+        "d": "succeeded",
+        "e": "cancelled",
+    }
+    assert states["b"].last_error == PARENT_FAILED and states["b"].attempts == 0
+    assert states["e"].last_error == PARENT_FAILED  # b's fate decided e's
+    assert waiting(engine) == 0
+
+
+def test_a_dependant_of_finished_jobs_is_decided_when_enqueued(
+    engine: Engine, dag_queue: JobQueue, make_worker: Callable[..., Worker]
+) -> None:
+    with engine.begin() as conn:
+        ok = dag_queue.enqueue(conn, "node", {"name": "ok"}).id
+        bad = dag_queue.enqueue(conn, "node", {"name": "bad"}).id
+    make_worker(dag_app([], failing={"bad"})).drain(timeout=WAIT)
+    with engine.begin() as conn:
+        ready = dag_queue.enqueue(conn, "node", {"name": "x"}, after=[ok]).id
+        doomed = dag_queue.enqueue(conn, "node", {"name": "y"}, after=[ok, bad]).id
+    assert job_row(engine, ready).status == "pending"
+    assert job_row(engine, doomed).status == "cancelled"
+    assert waiting(engine) == 0
+
+
+def test_bad_dependencies_are_refused_in_one_line_before_any_row(
+    engine: Engine, dag_queue: JobQueue
+) -> None:
+    with engine.begin() as conn:
+        parent = dag_queue.enqueue(conn, "node", {"name": "p"}).id
+    nobody = uuid.uuid4()
+    with (
+        engine.begin() as conn,
+        pytest.raises(InvalidArgument, match=f"^after= names jobs that do not exist: {nobody}$"),
+    ):
+        dag_queue.enqueue(conn, "node", {}, after=[parent, nobody])
+    with engine.begin() as conn:
+        with pytest.raises(InvalidArgument, match=r"^on_failure must be one of cancel, fail, run"):
+            dag_queue.enqueue(conn, "node", {}, after=[parent], on_failure="ignore")
+        with pytest.raises(InvalidArgument, match="cannot have a deduplication_key"):
+            dag_queue.enqueue(conn, "node", {}, after=[parent], deduplication_key="k")
+        with pytest.raises(InvalidArgumentType, match=r"^after must be a list of job ids"):
+            dag_queue.enqueue(conn, "node", {}, after=parent)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match=r"^enqueue with after= needs the dependencies"):
+            JobQueue(Job).enqueue(conn, "node", {}, after=[parent])
+    assert in_jobs(engine) == 1 and waiting(engine) == 0
+
+
+def test_cancelling_a_waiting_job_cancels_it_and_what_waits_for_it(
+    engine: Engine, dag_queue: JobQueue, make_worker: Callable[..., Worker]
+) -> None:
+    with engine.begin() as conn:
+        a = dag_queue.enqueue(conn, "node", {"name": "a"}).id
+        b = dag_queue.enqueue(conn, "node", {"name": "b"}, after=[a]).id
+        c = dag_queue.enqueue(conn, "node", {"name": "c"}, after=[b]).id
+    with engine.begin() as conn:
+        result = dag_queue.cancel(conn, [b])
+    assert result.cancelled == [b] and result.unknown == []
+    assert job_row(engine, b).status == "cancelled" and job_row(engine, c).status == "cancelled"
+    ran: list[str] = []
+    make_worker(dag_app(ran)).drain(timeout=WAIT)
+    assert ran == ["a"] and waiting(engine) == 0
+
+
+def test_a_waiting_job_reads_pending_and_its_result_can_be_waited_for(
+    engine: Engine, dag_queue: JobQueue, make_worker: Callable[..., Worker]
+) -> None:
+    with engine.begin() as conn:
+        a = dag_queue.enqueue(conn, "node", {"name": "a"}).id
+        b = dag_queue.enqueue(conn, "node", {"name": "b"}, after=[a]).id
+    with engine.connect() as conn:
+        found = dag_queue.read_result(conn, b)
+    assert found is not None and found.status is JobStatus.PENDING and found.waiting
+    got: list[Any] = []
+    with JobResults(engine, Job, steps=JobStep, dependencies=JobDependency) as results:
+        thread = threading.Thread(target=lambda: got.append(results.result(b, timeout=WAIT)))
+        thread.start()
+        make_worker(dag_app([])).drain(timeout=WAIT)
+        thread.join(WAIT)
+    assert got == [{"name": "b", "after": ["a"]}]
+
+
+def test_eight_workers_finishing_a_fan_in_release_its_last_job_once(
+    engine: Engine, dag_queue: JobQueue, make_worker: Callable[..., Worker]
+) -> None:
+    with engine.begin() as conn:
+        parents = [dag_queue.enqueue(conn, "node", {"name": f"p{i}"}).id for i in range(64)]
+        last = dag_queue.enqueue(conn, "node", {"name": "last"}, after=parents).id
+    ran: list[str] = []
+    app = dag_app(ran)
+    workers = [make_worker(app, batch=2) for _ in range(8)]
+    start = threading.Barrier(8)
+
+    def drain(worker: Worker) -> None:
+        start.wait()
+        worker.drain(timeout=WAIT)
+
+    threads = [threading.Thread(target=drain, args=(w,)) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT * 2)
+    if "last" not in ran:  # its release came after every drain had seen an empty queue
+        make_worker(app).drain(timeout=WAIT)
+    counts = collections.Counter(ran)
+    assert counts["last"] == 1 and len(counts) == 65 and set(counts.values()) == {1}
+    assert job_row(engine, last).status == "succeeded" and waiting(engine) == 0
+
+
+def test_a_dependant_added_while_its_parent_runs_is_released_by_that_run(
+    engine: Engine, dag_queue: JobQueue, make_worker: Callable[..., Worker]
+) -> None:
+    """The child's transaction locks the running parent FOR SHARE: the worker's write of the
+    parent's success waits for its commit, and its release then sees the child."""
+    app = JobApp(Job, backoff=NO_JITTER, steps=JobStep, dependencies=JobDependency)
+    running, finish = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    @app.handler("node")
+    def node(job: JobContext) -> None:
+        ran.append(job.payload["name"])
+        if job.payload["name"] == "parent":
+            running.set()
+            assert finish.wait(WAIT)
+
+    with engine.begin() as conn:
+        parent = dag_queue.enqueue(conn, "node", {"name": "parent"}).id
+    worker = make_worker(app)
+    drained = threading.Thread(target=worker.drain, kwargs={"timeout": WAIT})
+    drained.start()
+    assert running.wait(WAIT)
+    with engine.begin() as conn:
+        child = dag_queue.enqueue(conn, "node", {"name": "child"}, after=[parent]).id
+        finish.set()  # the parent's handler returns; its write waits for this commit
+        wait_until(lambda: lock_waits(engine) >= 1, "the worker's write waiting for the lock")
+    drained.join(WAIT)
+    assert job_row(engine, child).status in ("pending", "succeeded")  # released, no sweep
+    worker.drain(timeout=WAIT)
+    assert ran == ["parent", "child"] and jobs_by_status(engine) == {"succeeded": 2}
+
+
+def lock_waits(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+        ).scalar_one()
+
+
+def test_the_sweep_releases_what_a_lost_release_left_waiting(
+    engine: Engine, dag_queue: JobQueue, clock: Any, make_worker: Callable[..., Worker]
+) -> None:
+    """A worker killed between its write and its release leaves the child waiting: finished
+    here by hand, with no release, as a crash would; the keeper's sweep releases it."""
+    with engine.begin() as conn:
+        parent = dag_queue.enqueue(conn, "node", {"name": "parent"}).id
+        child = dag_queue.enqueue(conn, "node", {"name": "child"}, after=[parent]).id
+    plain = JobQueue(Job, clock=clock)  # no dependencies: completes without releasing
+    with engine.begin() as conn:
+        [claimed] = plain.claim(conn, worker_id="crashed", batch=1)
+        plain.complete(conn, claimed.id, claimed.lease_token)
+    assert waiting(engine) == 1
+    worker = make_worker(dag_app([]))
+    assert worker.release_dependants() == 1
+    assert job_row(engine, child).status == "pending" and waiting(engine) == 0
+    assert worker.release_dependants() == 0
+
+
+def test_pruning_a_job_prunes_its_dependency_row_and_leaves_the_waiting_ones(
+    engine: Engine, dag_queue: JobQueue, make_worker: Callable[..., Worker]
+) -> None:
+    with engine.begin() as conn:
+        a = dag_queue.enqueue(conn, "node", {"name": "a"}).id
+        dag_queue.enqueue(conn, "node", {"name": "b"}, after=[a])
+        held = dag_queue.enqueue(conn, "node", {"name": "held"}).id
+        dag_queue.enqueue(conn, "node", {"name": "c"}, after=[held])
+    with engine.begin() as conn:  # "held" is running elsewhere: its dependant waits
+        conn.execute(
+            text(f"UPDATE {TEST_SCHEMA}.jobs SET status = 'running' WHERE id = :id"), {"id": held}
+        )
+    make_worker(dag_app([]), kinds=["node"]).drain(timeout=WAIT)
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {TEST_SCHEMA}.jobs SET updated_at = now() - interval '2 days'"))
+    report = Pruner(
+        engine,
+        jobs=Job,
+        steps=JobStep,
+        dependencies=JobDependency,
+        retention=Retention(succeeded=3600),
+    ).run_once()
+    assert report.succeeded == 2  # a and b
+    t = JobDependency.__table__
+    with engine.connect() as conn:
+        left = conn.execute(select(t.c.job_id, t.c.released_at)).all()
+    assert len(left) == 1 and left[0].released_at is None  # c, still waiting for "held"
