@@ -9,9 +9,11 @@ write that finished their parents, and its keeper sweeps for what a crash left.
 from __future__ import annotations
 
 import collections
+import signal
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,11 +36,14 @@ from sa_outbox.schema import JobDependencyMixin
 from sa_outbox.statements import PARENT_FAILED
 from sa_outbox.worker import JobResults
 
+from . import worker_app
 from .conftest import TEST_SCHEMA, Job
 from .helpers import job_row, jobs_by_status, wait_until
 from .test_steps import NO_JITTER, JobStep, steps_table
+from .test_worker_faults import counts as fault_counts
+from .test_worker_faults import ledger_lines, start, stop, worker_schema
 
-__all__ = ["steps_table"]  # a fixture, used below by name
+__all__ = ["steps_table", "worker_schema"]  # fixtures, used below by name
 
 WAIT = 20.0
 
@@ -327,3 +332,49 @@ def test_pruning_a_job_prunes_its_dependency_row_and_leaves_the_waiting_ones(
     with engine.connect() as conn:
         left = conn.execute(select(t.c.job_id, t.c.released_at)).all()
     assert len(left) == 1 and left[0].released_at is None  # c, still waiting for "held"
+
+
+def test_workflows_finish_once_each_when_their_workers_are_sigkilled(
+    engine: Engine, database_url: str, worker_schema: str, tmp_path: Path
+) -> None:
+    """Real processes: 12 workflows (a, then b and c, then d), enqueued together; worker A
+    is SIGKILLed inside a b job (its other jobs anywhere in theirs), B takes over after the
+    lease. Every workflow finishes, every node's effect exists once, and no node ran before
+    its parents (each checks the others' results)."""
+    flows = JobQueue(
+        worker_app.Job, steps=worker_app.JobStep, dependencies=worker_app.JobDependency
+    )
+    ids: dict[str, list[uuid.UUID]] = collections.defaultdict(list)
+    with engine.begin() as conn:
+        for n in range(12):
+            a = flows.enqueue(conn, "node", {"name": f"a{n}"}).id
+            b = flows.enqueue(conn, "node", {"name": f"b{n}", "die": n == 0}, after=[a]).id
+            c = flows.enqueue(conn, "node", {"name": f"c{n}"}, after=[a]).id
+            d = flows.enqueue(conn, "node", {"name": f"d{n}"}, after=[b, c]).id
+            for name, job_id in zip("abcd", (a, b, c, d), strict=True):
+                ids[name].append(job_id)
+    ledger, log = tmp_path / "ledger", tmp_path / "workers.log"
+    args = ["-m", "sa_outbox", "worker", "tests.worker_app:flow_app"]
+    args += ["--database-url", database_url, "--lease", "1.5", "--concurrency", "4"]
+    a = start(args, log, ledger)
+    assert a.wait(WAIT * 6) == -signal.SIGKILL, log.read_text()
+    b = start(args, log, ledger)
+    try:
+        wait_until(lambda: fault_counts(engine) == {"succeeded": 48}, "B to finish", timeout=60)
+    finally:
+        assert stop(b, log) == 0, log.read_text()
+    with engine.connect() as conn:
+        effects = conn.execute(
+            text(f"SELECT step, count(*), min(id) FROM {worker_schema}.effects GROUP BY step")
+        ).all()
+        waiting_rows = conn.execute(
+            text(f"SELECT count(*) FROM {worker_schema}.job_dependencies WHERE released_at IS NULL")
+        ).scalar_one()
+    assert {step for step, _, _ in effects} == {f"{x}{n}" for x in "abcd" for n in range(12)}
+    assert {count for _, count, _ in effects} == {1} and waiting_rows == 0
+    first = {step: at for step, _, at in effects}
+    for n in range(12):  # each node's effect committed after its parents'
+        assert first[f"a{n}"] < first[f"b{n}"] < first[f"d{n}"]
+        assert first[f"a{n}"] < first[f"c{n}"] < first[f"d{n}"]
+    died = [line for line in ledger_lines(ledger) if line[0] == str(ids["b"][0])]
+    assert [(attempts, pid) for _, _, attempts, pid in died] == [(1, a.pid), (2, b.pid)]

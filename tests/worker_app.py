@@ -25,6 +25,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sa_outbox import Backoff, FakeClock, JobApp, JobContext, JobMixin, JobStepMixin, Worker
+from sa_outbox.schema import JobDependencyMixin
 
 SCHEMA = os.environ.setdefault("SA_OUTBOX_WORKER_SCHEMA", f"sa_outbox_workers_{os.getpid()}")
 #: The backoff of retries and of the reclaimer: short, so crash tests finish quickly.
@@ -45,6 +46,11 @@ class JobStep(JobStepMixin, Base):
     __table_schema__ = SCHEMA
 
 
+class JobDependency(JobDependencyMixin, Base):
+    __tablename__ = "job_dependencies"
+    __table_schema__ = SCHEMA
+
+
 class Effect(Base):
     """What a durable step wrote: one row per (job, step) run that committed."""
 
@@ -56,6 +62,8 @@ class Effect(Base):
 
 
 app = JobApp(Job, backoff=BACKOFF, steps=JobStep)
+#: Workflows: jobs that wait for jobs (``tests.worker_app:flow_app``).
+flow_app = JobApp(Job, backoff=BACKOFF, steps=JobStep, dependencies=JobDependency)
 _ledger_fd: int | None = None
 
 
@@ -113,6 +121,26 @@ def stepped(job: JobContext) -> None:
     if job.payload.get("die") and job.attempts == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     job.step("two", effect("two"), session=True)
+
+
+@flow_app.handler("node")
+def node(job: JobContext) -> str:
+    """One node of a workflow: a step writing an `Effect` row in its Session, after
+    checking that every job it waited for wrote its own; with ``payload["die"]`` the first
+    attempt SIGKILLs its worker after the step."""
+    record(job)
+    parents = job.parent_results()
+    if None in parents.values():
+        raise RuntimeError(f"node {job.payload['name']} ran before its parents: {parents}")
+
+    def write(db: Session) -> str:
+        db.add(Effect(job_id=job.id, step=job.payload["name"]))
+        return str(job.payload["name"])
+
+    done = job.step("effect", write, session=True)
+    if job.payload.get("die") and job.attempts == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return done
 
 
 AUDIT_SQL = """
