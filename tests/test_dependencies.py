@@ -305,14 +305,15 @@ def test_the_sweep_releases_what_a_lost_release_left_waiting(
     assert worker.release_dependants() == 0
 
 
-def test_pruning_a_job_prunes_its_dependency_row_and_leaves_the_waiting_ones(
+def test_pruning_takes_a_jobs_dependency_row_and_keeps_what_others_wait_for(
     engine: Engine, dag_queue: JobQueue, make_worker: Callable[..., Worker]
 ) -> None:
     with engine.begin() as conn:
         a = dag_queue.enqueue(conn, "node", {"name": "a"}).id
         dag_queue.enqueue(conn, "node", {"name": "b"}, after=[a])
         held = dag_queue.enqueue(conn, "node", {"name": "held"}).id
-        dag_queue.enqueue(conn, "node", {"name": "c"}, after=[held])
+        kept = dag_queue.enqueue(conn, "node", {"name": "kept"}).id
+        dag_queue.enqueue(conn, "node", {"name": "c"}, after=[kept, held])
     with engine.begin() as conn:  # "held" is running elsewhere: its dependant waits
         conn.execute(
             text(f"UPDATE {TEST_SCHEMA}.jobs SET status = 'running' WHERE id = :id"), {"id": held}
@@ -327,7 +328,8 @@ def test_pruning_a_job_prunes_its_dependency_row_and_leaves_the_waiting_ones(
         dependencies=JobDependency,
         retention=Retention(succeeded=3600),
     ).run_once()
-    assert report.succeeded == 2  # a and b
+    assert report.succeeded == 2  # a and b; "kept" stays while c waits for it
+    assert job_row(engine, kept).status == "succeeded"
     t = JobDependency.__table__
     with engine.connect() as conn:
         left = conn.execute(select(t.c.job_id, t.c.released_at)).all()

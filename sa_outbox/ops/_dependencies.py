@@ -154,6 +154,26 @@ class DependencyOps:
             unknown=result.unknown,
         )
 
+    def add_to_batch(self, batch: uuid.UUID, jobs: Sequence[uuid.UUID]) -> Op[None]:
+        """Make batch ``batch``'s callback wait for ``jobs`` too, if it still waits (its
+        row locked first); else a one-line error: the batch is over."""
+        if not (yield st.lock_waiting(self.deps, batch)).first():
+            raise InvalidArgument(
+                f"batch {batch} is over (its callback was released when its last job "
+                "finished) or unknown: no job can join it"
+            )
+        if jobs:
+            yield st.add_parents(self.deps, batch, jobs)
+
+    def lock_batch(self, batch: uuid.UUID) -> Op[None]:
+        """`add_to_batch`'s lock alone: taken before the new jobs are inserted."""
+        yield from self.add_to_batch(batch, [])
+
+    def parent_statuses(self, job_id: uuid.UUID) -> Op[dict[uuid.UUID, JobStatus]]:
+        """The status of each job a dependant waited for."""
+        rows = yield st.select_parent_statuses(self.jobs, self.deps, job_id)
+        return {parent: JobStatus(status) for parent, status in rows}
+
     def waiting(self, ids: Sequence[uuid.UUID]) -> Op[set[uuid.UUID]]:
         """Which of these ids are jobs still waiting for others."""
         return {row[0] for row in (yield st.select_waiting(self.deps, ids))}

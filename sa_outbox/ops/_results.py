@@ -140,6 +140,20 @@ class CancelResult:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Batch:
+    """A batch (`JobQueue.enqueue_batch`): its callback job's ``id``, which is the batch's,
+    and the ids of its jobs so far.
+
+    Examples:
+        >>> Batch(id=uuid.UUID(int=9), jobs=[uuid.UUID(int=1)]).id
+        UUID('00000000-0000-0000-0000-000000000009')
+    """
+
+    id: uuid.UUID
+    jobs: list[uuid.UUID]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class JobResult:
     """Where a job stands and what it returned: ``value`` is its handler's return value
     once it ``succeeded`` (``None`` before, or when the handler returned ``None``);

@@ -21,6 +21,7 @@ Examples:
 """
 
 from ..ops._results import (
+    Batch,
     BatchResult,
     CancelResult,
     ClaimedEvent,
@@ -71,6 +72,7 @@ __all__ = [
     "AsyncJobQueue",
     "AsyncOutbox",
     "AsyncQueueControl",
+    "Batch",
     "BatchResult",
     "CancelResult",
     "ClaimedEvent",

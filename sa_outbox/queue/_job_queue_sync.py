@@ -12,9 +12,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import statements as st
+from .._exceptions import InvalidArgument
 from .._validation import as_uuid
 from ..ops import ClaimParams, check_parents, run
 from ..ops._results import (
+    Batch,
     BatchResult,
     CancelResult,
     ClaimedJob,
@@ -170,6 +172,64 @@ class JobQueue(JobQueueBase):
             queue.enqueue_many(conn, [NewJob("a", {}), NewJob("b", {})])
         """
         return run(conn, self._ops.enqueue_many(jobs))
+
+    def enqueue_batch(
+        self, conn: SyncConn | Engine, jobs: Iterable[st.NewJob], callback: st.NewJob
+    ) -> Batch:
+        """Add ``jobs`` and a ``callback`` job that runs once, when the last of them has
+        finished (succeeded, failed or been cancelled), in the caller's transaction.
+
+        The callback is a job that waits for the batch's jobs (`enqueue_after`, with
+        ``on_failure="run"``): released by the worker that finishes the last one, across
+        workers, crashes and retries (a job retried is not finished yet). Its handler reads
+        what became of each (`JobContext.parent_statuses`) and what they returned
+        (`JobContext.parent_results`). More jobs may join while it waits (`add_to_batch`).
+        A job whose deduplication key was taken is not inserted, and not in the batch.
+        Needs ``JobQueue(Job, dependencies=JobDependency)``.
+
+        Examples:
+            with engine.begin() as conn:
+                batch = queue.enqueue_batch(
+                    conn,
+                    [NewJob("resize", {"photo": p}) for p in photos],
+                    callback=NewJob("album-ready", {"album": 7}),
+                )
+            batch.id, len(batch.jobs)
+        """
+        deps = self._dependency_ops("enqueue_batch")
+        session = in_transaction(conn, "enqueue_batch")
+        values = self._ops.job_values(callback)  # a bad callback is refused before any row
+        listed = list(jobs)
+        if not listed:
+            raise InvalidArgument("a batch needs at least one job")
+        added = self.enqueue_many(session, listed)
+        members = [result.id for result in added if result.id is not None]
+        if not members:
+            raise InvalidArgument("a batch needs at least one job that was inserted")
+        run(session, deps.enqueue(values, members, "run"))
+        return Batch(id=values["job_id"], jobs=members)
+
+    def add_to_batch(
+        self, conn: SyncConn | Engine, batch: uuid.UUID, jobs: Iterable[st.NewJob]
+    ) -> list[uuid.UUID]:
+        """Add ``jobs`` to a batch whose callback still waits (`enqueue_batch`), in the
+        caller's transaction; returns their ids. A batch whose jobs have all finished is
+        over: adding to it is refused in one line. The callback's row is locked until the
+        caller's transaction ends, so it cannot be released meanwhile.
+
+        Examples:
+            with engine.begin() as conn:  # in a batch job's handler, say
+                queue.add_to_batch(conn, batch.id, [NewJob("resize", {"photo": 8})])
+        """
+        deps = self._dependency_ops("add_to_batch")
+        session = in_transaction(conn, "add_to_batch")
+        batch = as_uuid(batch, "batch id")
+        run(session, deps.lock_batch(batch))
+        listed = list(jobs)
+        added = self.enqueue_many(session, listed) if listed else []
+        members = [result.id for result in added if result.id is not None]
+        run(session, deps.add_to_batch(batch, members))
+        return members
 
     def enqueue_copy(self, conn: SyncConn, jobs: Iterable[st.NewJob]) -> int:
         """Add many jobs with PostgreSQL's ``COPY``, the fastest path; returns how many.

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Interval,
     Select,
     Text,
+    Update,
     and_,
     any_,
     bindparam,
@@ -29,7 +30,6 @@ from sqlalchemy import (
     func,
     literal,
     null,
-    or_,
     select,
     true,
     update,
@@ -43,7 +43,7 @@ from ._common import now_of, table_of, uuid_array
 from ._job_results import RESULT_STEP
 
 #: The error recorded on a dependant released as ``cancelled`` or ``failed``.
-PARENT_FAILED = "a job it waits for did not succeed (failed, cancelled or pruned)"
+PARENT_FAILED = "a job it waits for did not succeed (it failed or was cancelled)"
 
 _FINISHED_BADLY = (JobStatus.FAILED, JobStatus.CANCELLED)
 
@@ -163,10 +163,11 @@ def release_dependants(
     status`` of each job it put into the job table.
 
     A waiting job is released ``pending`` once every parent has succeeded; when a parent
-    failed, was cancelled or is gone (pruned), it is released ``cancelled`` or ``failed``
-    at once by its ``on_failure`` policy, or, with ``run``, ``pending`` once every parent
-    has finished. ``cancel=True`` releases the chosen rows ``cancelled`` whatever their
-    parents (`JobQueue.cancel` of a waiting job).
+    failed or was cancelled, it is released ``cancelled`` or ``failed`` at once by its
+    ``on_failure`` policy, or, with ``run``, ``pending`` once every parent has finished. A
+    parent this statement cannot see (added to a batch since its snapshot, or pruned) is
+    not finished: the dependant waits. ``cancel=True`` releases the chosen rows
+    ``cancelled`` whatever their parents (`JobQueue.cancel` of a waiting job).
 
     Which waiting rows it looks at (all, or up to ``limit``, in ``job_id`` order, locked
     ``FOR UPDATE``, or ``SKIP LOCKED``): those with one of ``parents`` among their parents (a GIN
@@ -204,11 +205,7 @@ def release_dependants(
     )
     each = func.unnest(waiting.c.parents).table_valued("id").render_derived(name="parent_ids")
     parent = t.alias("parent")
-    still = d.alias("waiting_parent")
-    unsuccessful = or_(
-        parent.c.status.in_(_FINISHED_BADLY),
-        and_(parent.c.id.is_(None), still.c.job_id.is_(None)),
-    )
+    unsuccessful = parent.c.status.in_(_FINISHED_BADLY)
     states = (
         select(
             waiting.c.job_id,
@@ -216,11 +213,7 @@ def release_dependants(
             func.count().filter(unsuccessful).label("unsuccessful"),
             func.count().label("total"),
         )
-        .select_from(
-            waiting.join(each, true())
-            .outerjoin(parent, parent.c.id == each.c.id)
-            .outerjoin(still, and_(still.c.job_id == each.c.id, still.c.released_at.is_(None)))
-        )
+        .select_from(waiting.join(each, true()).outerjoin(parent, parent.c.id == each.c.id))
         .group_by(waiting.c.job_id)
         .cte("states")
     )
@@ -301,6 +294,66 @@ def select_parent_results(deps: object, steps: object, job_id: uuid.UUID) -> Sel
         )
         .where(d.c.job_id == job_id)
         .order_by(each.c.n)
+    )
+
+
+def select_parent_statuses(jobs: object, deps: object, job_id: uuid.UUID) -> Select[Any]:
+    """The status of each job a dependant waited for: ``id, status`` rows (a parent that
+    is no longer in the job table has none).
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobDependencyMixin, JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
+        >>> stmt = select_parent_statuses(Job, JobDependency, uuid.UUID(int=1))
+        >>> list(stmt.selected_columns.keys())
+        ['id', 'status']
+    """
+    t, d = table_of(jobs), table_of(deps)
+    parents = select(func.unnest(d.c.parents)).where(d.c.job_id == job_id).scalar_subquery()
+    return select(t.c.id, t.c.status).where(t.c.id.in_(parents))
+
+
+def lock_waiting(deps: object, job_id: uuid.UUID) -> Select[Any]:
+    """Lock a dependant's row ``FOR UPDATE`` while it still waits: its id, or no row when it
+    was released (or is unknown). Adding jobs to a batch takes it first.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobDependencyMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
+        >>> "FOR UPDATE" in str(lock_waiting(JobDependency, uuid.UUID(int=1)))
+        True
+    """
+    d = table_of(deps)
+    return (
+        select(d.c.job_id).where(d.c.job_id == job_id, d.c.released_at.is_(None)).with_for_update()
+    )
+
+
+def add_parents(deps: object, job_id: uuid.UUID, parents: Sequence[uuid.UUID]) -> Update:
+    """Make a waiting dependant wait for ``parents`` too (a batch's new jobs); run it after
+    `lock_waiting` found the row.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobDependencyMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
+        >>> "array_cat" in str(add_parents(JobDependency, uuid.UUID(int=1), [uuid.UUID(int=2)]))
+        True
+    """
+    d = table_of(deps)
+    return (
+        update(d)
+        .where(d.c.job_id == job_id, d.c.released_at.is_(None))
+        .values(parents=func.array_cat(d.c.parents, uuid_array(list(parents))))
     )
 
 

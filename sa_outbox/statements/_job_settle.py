@@ -32,6 +32,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.sql.elements import ColumnElement
 
 from .._backoff import Backoff
@@ -534,7 +535,8 @@ def prune_jobs(
     queue; run it until it deletes fewer than ``batch`` rows. Given ``steps`` (the
     `JobStepMixin` table), the recorded steps of the jobs deleted go in the same statement;
     the row count is still the jobs'. So do their rows in ``dependencies`` (the
-    `JobDependencyMixin` table: the record of what they waited for).
+    `JobDependencyMixin` table: the record of what they waited for), and a job another
+    still waits for there is kept until that one is released.
 
     Examples:
         >>> from sa_outbox.schema import JobMixin
@@ -565,6 +567,12 @@ def prune_jobs(
         .limit(size)
         .with_for_update(skip_locked=True)
     )
+    if dependencies is not None:
+        d = table_of(dependencies)
+        awaited = select(d.c.job_id).where(
+            d.c.released_at.is_(None), d.c.parents.contains(array([t.c.id]))
+        )
+        doomed = doomed.where(~awaited.exists())
     if steps is None and dependencies is None:
         return delete(t).where(t.c.id.in_(doomed.scalar_subquery()))
     picked = doomed.cte("doomed")

@@ -13,6 +13,7 @@ from sqlalchemy import Table
 from .. import statements as st
 from .._clock import Clock
 from ..ops import DependencyOps, arun
+from ..schema import JobStatus
 from ._steps import (
     SessionChoice,
     async_step_session,
@@ -69,6 +70,16 @@ class AsyncSteps:
             )
         async with self.engine.connect() as conn:
             return await arun(conn, self.dependencies.parent_results(self.steps, job_id))
+
+    async def parent_statuses(self, job_id: uuid.UUID) -> dict[uuid.UUID, JobStatus]:
+        """The status of each job ``job_id`` waited for."""
+        if self.dependencies is None:
+            raise StepsUnavailable(
+                "job.parent_statuses() needs the dependencies table: JobApp(Job, "
+                "steps=JobStep, dependencies=JobDependency)"
+            )
+        async with self.engine.connect() as conn:
+            return await arun(conn, self.dependencies.parent_statuses(job_id))
 
     async def run(
         self,

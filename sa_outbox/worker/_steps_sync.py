@@ -14,6 +14,7 @@ from sqlalchemy import Table
 from .. import statements as st
 from .._clock import Clock
 from ..ops import DependencyOps, run
+from ..schema import JobStatus
 from ._steps import (
     SessionChoice,
     lease_lost,
@@ -70,6 +71,16 @@ class Steps:
             )
         with self.engine.connect() as conn:
             return run(conn, self.dependencies.parent_results(self.steps, job_id))
+
+    def parent_statuses(self, job_id: uuid.UUID) -> dict[uuid.UUID, JobStatus]:
+        """The status of each job ``job_id`` waited for."""
+        if self.dependencies is None:
+            raise StepsUnavailable(
+                "job.parent_statuses() needs the dependencies table: JobApp(Job, "
+                "steps=JobStep, dependencies=JobDependency)"
+            )
+        with self.engine.connect() as conn:
+            return run(conn, self.dependencies.parent_statuses(job_id))
 
     def run(
         self,

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from .._tracing import current_trace_headers
 from ..queue import ClaimedJob
+from ..schema import JobStatus
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NewJob, Unique, snooze_delay
 from ._steps import SessionChoice, check_name, check_step
 from ._steps_async import AsyncSteps
@@ -444,6 +445,32 @@ class JobContext:
         if not isinstance(steps, AsyncSteps):
             raise StepsUnavailable(self._no_steps("aparent_results", "parent_results", steps))
         return await steps.parent_results(self.id)
+
+    def parent_statuses(self) -> dict[uuid.UUID, JobStatus]:
+        """What became of each job this one waited for: its status by id (a batch's
+        callback counts them). Needs ``JobApp(Job, steps=JobStep, dependencies=...)``.
+
+        Examples:
+            @app.handler("album-ready")
+            def album_ready(job: JobContext) -> None:
+                counts = collections.Counter(job.parent_statuses().values())
+                notify(job.payload["album"], resized=counts[JobStatus.SUCCEEDED])
+        """
+        steps = self._steps
+        if not isinstance(steps, Steps):
+            raise StepsUnavailable(self._no_steps("parent_statuses", "aparent_statuses", steps))
+        return steps.parent_statuses(self.id)
+
+    async def aparent_statuses(self) -> dict[uuid.UUID, JobStatus]:
+        """`parent_statuses` for ``async def`` handlers on an `AsyncWorker`.
+
+        Examples:
+            counts = collections.Counter((await job.aparent_statuses()).values())
+        """
+        steps = self._steps
+        if not isinstance(steps, AsyncSteps):
+            raise StepsUnavailable(self._no_steps("aparent_statuses", "parent_statuses", steps))
+        return await steps.parent_statuses(self.id)
 
     def _thread_steps(self, called: str) -> tuple[Steps, dict[str, Any]]:
         """The thread worker's `Steps` and the job's recorded steps (read at the first call),
