@@ -280,9 +280,11 @@ def waiting(big: Engine) -> Engine:
     with big.begin() as conn:
         conn.execute(
             text(
-                f"INSERT INTO {SCHEMA}.job_dependencies (job_id, parents, on_failure, job)"
-                " SELECT gen_random_uuid(), ARRAY[gen_random_uuid(), gen_random_uuid()],"
-                " 'cancel', CAST(:job AS jsonb) FROM generate_series(1, :n)"
+                f"INSERT INTO {SCHEMA}.job_dependencies"
+                " (job_id, workflow_id, parents, on_failure, job)"
+                " SELECT gen_random_uuid(), gen_random_uuid(),"
+                " ARRAY[gen_random_uuid(), gen_random_uuid()], 'cancel', CAST(:job AS jsonb)"
+                " FROM generate_series(1, :n)"
             ),
             {"n": WAITING, "job": json.dumps(WAITING_JOB)},
         )

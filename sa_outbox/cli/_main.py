@@ -35,6 +35,7 @@ from ._relay import _add_relay
 from ._status import _add_queues, _add_status
 from ._targets import Preset
 from ._worker import _add_worker
+from ._workflows import _add_workflows
 
 
 def _job_count(value: str) -> int:
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_health(commands)
     _add_partitions(commands)
     _add_jobs(commands)
+    _add_workflows(commands)
     _add_status(commands)
     _add_queues(commands)
     _add_outbox(commands)

@@ -34,6 +34,7 @@ _OUTBOX_COLUMNS = frozenset({"id", "seq", "event_type", "published_at", "parked_
 _PAUSE_COLUMNS = frozenset({"queue", "paused_at", "paused_by"})
 _INBOX_COLUMNS = frozenset({"source", "message_id", "received_at"})
 _STEP_COLUMNS = frozenset({"job_id", "name", "result"})
+_DEPENDENCY_COLUMNS = frozenset({"job_id", "workflow_id", "parents", "job", "released_at"})
 #: The option that takes each kind of model, for the hint when a model is given to another.
 _MODEL_OPTION = {"job": "--model", "outbox": "--outbox-model", "inbox": "--inbox-model"}
 
@@ -166,6 +167,11 @@ def steps_table(args: argparse.Namespace, conn: Connection) -> Table | None:
     """The steps table ``--steps-table`` names, if any (checked for its columns)."""
     name = getattr(args, "steps_table", None)
     return None if not name else _reflect(conn, name, "a steps", _STEP_COLUMNS)
+
+
+def dependencies_table(args: argparse.Namespace, conn: Connection) -> Table:
+    """The dependencies table ``--dependencies-table`` names (checked for its columns)."""
+    return _reflect(conn, args.dependencies_table, "a dependencies", _DEPENDENCY_COLUMNS)
 
 
 def add_json_and_target(

@@ -66,6 +66,7 @@ from ._job_queue_async import AsyncJobQueue
 from ._job_queue_sync import JobQueue
 from ._outbox_async import AsyncOutbox
 from ._outbox_sync import Outbox
+from ._workflows import WorkflowJob, WorkflowSummary, get_workflow, list_workflows
 
 __all__ = [
     "AsyncInbox",
@@ -100,13 +101,17 @@ __all__ = [
     "RunningJob",
     "ThroughputMinute",
     "WorkerJobs",
+    "WorkflowJob",
+    "WorkflowSummary",
     "as_plain",
     "get_event",
     "get_job",
+    "get_workflow",
     "kind_exists",
     "list_events",
     "list_jobs",
     "list_running_jobs",
+    "list_workflows",
     "queue_depths",
     "queue_exists",
     "queue_status",

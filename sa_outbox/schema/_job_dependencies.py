@@ -23,8 +23,9 @@ class JobDependencyMixin:
     table (``released_at`` is set then, in the same transaction), or until one of them
     failed or was cancelled, when it is released as ``cancelled`` or ``failed`` (the
     ``on_failure`` policy; ``run`` waits for all of them to finish and runs it anyway). The
-    row stays after its release: it records the job's parents (`JobContext.parent_results`),
-    and retention prunes it with its job.
+    row stays after its release: it records the job's parents (`JobContext.parent_results`)
+    and the workflow it joined (``workflow_id``: its first parent's, or that parent's own id,
+    for ``sa-outbox workflows``), and retention prunes it with its job.
 
     A plain table: ``alembic revision --autogenerate`` renders it with ``op.create_table``
     and its two partial indexes (a GIN index on the waiting rows' ``parents``).
@@ -36,9 +37,9 @@ class JobDependencyMixin:
         >>> class JobDependency(JobDependencyMixin, Base):
         ...     __tablename__ = "job_dependencies"
         >>> [c.name for c in JobDependency.__table__.columns]
-        ['job_id', 'parents', 'on_failure', 'job', 'released_at', 'created_at']
-        >>> sorted(i.name for i in JobDependency.__table__.indexes)
-        ['job_dependencies_parents_idx', 'job_dependencies_waiting_idx']
+        ['job_id', 'workflow_id', 'parents', 'on_failure', 'job', 'released_at', 'created_at']
+        >>> sorted(i.name.split("_")[-2] for i in JobDependency.__table__.indexes)
+        ['parents', 'waiting', 'workflow']
     """
 
     #: The schema of the table; ``None`` takes the metadata's default schema.
@@ -46,6 +47,8 @@ class JobDependencyMixin:
 
     #: The id the job has (in the job table once released).
     job_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    #: The workflow it joined: the id of the job that started it (its first parent's).
+    workflow_id: Mapped[uuid.UUID] = mapped_column(Uuid, nullable=False)
     #: The jobs it waits for.
     parents: Mapped[list[uuid.UUID]] = mapped_column(ARRAY(Uuid), nullable=False)
     #: ``cancel``, ``fail`` or ``run``: what a parent that did not succeed does to it.
@@ -71,5 +74,6 @@ class JobDependencyMixin:
                 postgresql_where=waiting,
             ),
             Index(f"{name}_waiting_idx", "job_id", postgresql_where=waiting),
+            Index(f"{name}_workflow_idx", "workflow_id"),
         )
         return (*indexes, {}) if schema is None else (*indexes, {"schema": schema})

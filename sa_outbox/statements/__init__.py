@@ -184,6 +184,12 @@ from ._partitions import (
     table_layout,
 )
 from ._queue_pause import pause_queue, resume_queue, select_paused_queues
+from ._workflows import (
+    WORKFLOW_STATES,
+    select_workflow,
+    select_workflow_of,
+    select_workflows,
+)
 
 __all__ = [
     "ACKED",
@@ -218,6 +224,7 @@ __all__ = [
     "UNIQUE_ENQUEUE_PARAMETERS",
     "WAIT_PREFIX",
     "WORKER_APPLICATION_PREFIX",
+    "WORKFLOW_STATES",
     "CheckedJob",
     "ClaimLimits",
     "Limit",
@@ -337,6 +344,9 @@ __all__ = [
     "select_running_jobs",
     "select_unique_held_failed_jobs",
     "select_waiting",
+    "select_workflow",
+    "select_workflow_of",
+    "select_workflows",
     "send_job_signal",
     "serialise",
     "set_lock_timeout",

@@ -99,7 +99,8 @@ def insert_dependant(
 ) -> Insert:
     """A job that waits for ``parents``: its row in the dependencies table, holding the
     job's checked values (``values``, as `job_template_values` returns them) until its
-    release. Its earliest start (``run_at``, or now + ``delay``) is fixed now.
+    release. Its earliest start (``run_at``, or now + ``delay``) is fixed now; it joins its
+    first parent's workflow (that parent's id, when it waited for nothing).
 
     Examples:
         >>> import uuid
@@ -138,8 +139,11 @@ def insert_dependant(
         literal("not_before", Text),
         not_before,
     )
+    first = bindparam("first_parent", parents[0], type_=d.c.job_id.type)
+    joined = select(d.c.workflow_id).where(d.c.job_id == first).scalar_subquery()
     return insert(d).values(
         job_id=bindparam("job_id", values["job_id"], type_=d.c.job_id.type),
+        workflow_id=func.coalesce(joined, first),
         parents=uuid_array(list(parents)),
         on_failure=bindparam("on_failure", on_failure, type_=Text),
         job=job,

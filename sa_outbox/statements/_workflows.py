@@ -1,0 +1,137 @@
+"""Workflows seen whole: the jobs linked by ``after=`` (`JobDependencyMixin`), grouped by
+the workflow each dependant joined, the id of the job that started it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import (
+    DateTime,
+    Select,
+    Text,
+    Uuid,
+    func,
+    literal,
+    null,
+    select,
+    union_all,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+
+from ..schema import JobStatus
+from ._common import table_of
+
+#: The states a workflow's jobs are counted in (``waiting``: not in the job table yet).
+WORKFLOW_STATES = ("waiting", *(status.value for status in JobStatus))
+
+
+def _members(deps: Any) -> Any:
+    """Every workflow's jobs: the jobs that waited (their rows) and the one that started it."""
+    d = table_of(deps)
+    roots = select(d.c.workflow_id, d.c.workflow_id.label("job_id")).distinct()
+    return union_all(select(d.c.workflow_id, d.c.job_id), roots).subquery("members")
+
+
+def select_workflows(jobs: object, deps: object, *, limit: int) -> Select[Any]:
+    """One row per workflow, the most recently active first: ``workflow_id, jobs``, a count
+    per state of `WORKFLOW_STATES`, ``started`` and ``updated``.
+
+    Examples:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobDependencyMixin, JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
+        >>> list(select_workflows(Job, JobDependency, limit=20).selected_columns.keys())[:3]
+        ['workflow_id', 'jobs', 'waiting']
+    """
+    t = table_of(jobs)
+    members = _members(deps)
+    counts = [
+        func.count().filter(t.c.id.is_(None)).label("waiting"),
+        *(func.count().filter(t.c.status == status).label(status.value) for status in JobStatus),
+    ]
+    updated = func.max(t.c.updated_at)
+    return (
+        select(
+            members.c.workflow_id,
+            func.count().label("jobs"),
+            *counts,
+            func.min(t.c.created_at).label("started"),
+            updated.label("updated"),
+        )
+        .select_from(members.outerjoin(t, t.c.id == members.c.job_id))
+        .group_by(members.c.workflow_id)
+        .order_by(updated.desc().nulls_last(), members.c.workflow_id)
+        .limit(limit)
+    )
+
+
+def select_workflow_of(deps: object, job_id: uuid.UUID) -> Select[Any]:
+    """The workflow a job belongs to: its dependency row's, or its own id (one row).
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobDependencyMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
+        >>> "coalesce" in str(select_workflow_of(JobDependency, uuid.UUID(int=1)))
+        True
+    """
+    d = table_of(deps)
+    own = select(d.c.workflow_id).where(d.c.job_id == job_id).scalar_subquery()
+    return select(func.coalesce(own, literal(job_id, Uuid)))
+
+
+def select_workflow(jobs: object, deps: object, workflow_id: uuid.UUID) -> Select[Any]:
+    """Every job of one workflow, the one that started it first, then in the order they
+    were added: ``id, parents`` (empty for the first), ``kind, status`` (``NULL`` while
+    waiting), ``attempts, max_attempts, created_at, updated_at, released_at, last_error``.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobDependencyMixin, JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
+        >>> stmt = select_workflow(Job, JobDependency, uuid.UUID(int=1))
+        >>> list(stmt.selected_columns.keys())[:4]
+        ['id', 'parents', 'kind', 'status']
+    """
+    t, d = table_of(jobs), table_of(deps)
+    no_parents = literal([], ARRAY(Uuid()))
+    members = union_all(
+        select(
+            literal(workflow_id, Uuid).label("job_id"),
+            no_parents.label("parents"),
+            null().label("kind"),
+            null().cast(DateTime(timezone=True)).label("added"),
+            null().cast(DateTime(timezone=True)).label("released_at"),
+        ),
+        select(
+            d.c.job_id,
+            d.c.parents,
+            d.c.job["kind"].astext,
+            d.c.created_at,
+            d.c.released_at,
+        ).where(d.c.workflow_id == workflow_id),
+    ).subquery("members")
+    return (
+        select(
+            members.c.job_id.label("id"),
+            members.c.parents,
+            func.coalesce(t.c.kind, members.c.kind, literal("?", Text)).label("kind"),
+            t.c.status,
+            t.c.attempts,
+            t.c.max_attempts,
+            func.coalesce(t.c.created_at, members.c.added).label("created_at"),
+            t.c.updated_at,
+            members.c.released_at,
+            t.c.last_error,
+        )
+        .select_from(members.outerjoin(t, t.c.id == members.c.job_id))
+        .order_by(members.c.added.asc().nulls_first(), members.c.job_id)
+    )
