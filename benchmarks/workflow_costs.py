@@ -21,6 +21,7 @@ acknowledgement; the report gives medians and each variant's ratio to ``plain``.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import pathlib
 import statistics
 import threading
@@ -32,12 +33,23 @@ from sqlalchemy import MetaData, create_engine, text
 from sqlalchemy.orm import DeclarativeBase
 
 from sa_outbox import JobApp, JobContext, JobMixin, JobQueue, JobStepMixin, NewJob, Worker
+from sa_outbox.schema import JobDependencyMixin
 from sa_outbox.worker import WorkerMetrics
 
-VARIANTS = ("plain", "steps table", "result", "1 step", "3 steps")
+VARIANTS = (
+    "plain",
+    "steps table",
+    "result",
+    "1 step",
+    "3 steps",
+    "dependencies, 100k waiting",
+    "fan-out 10, fan-in 1",
+)
+#: Jobs that wait for a job that never runs, beside the measured ones.
+WAITING = 100_000
 
 
-def models(schema: str) -> tuple[Any, Any, Any]:
+def models(schema: str) -> tuple[Any, Any, Any, Any]:
     class Base(DeclarativeBase):
         metadata = MetaData(schema=schema)
 
@@ -47,20 +59,61 @@ def models(schema: str) -> tuple[Any, Any, Any]:
     class JobStep(JobStepMixin, Base):
         __tablename__ = "job_steps"
 
-    return Base, Job, JobStep
+    class JobDependency(JobDependencyMixin, Base):
+        __tablename__ = "job_dependencies"
+
+    return Base, Job, JobStep, JobDependency
 
 
-def app_for(variant: str, job: Any, step: Any) -> JobApp:
-    app = JobApp(job) if variant == "plain" else JobApp(job, steps=step)
+def app_for(variant: str, job: Any, step: Any, deps: Any) -> JobApp:
+    if variant == "plain":
+        app = JobApp(job)
+    elif variant.startswith(("dependencies", "fan-out")):
+        app = JobApp(job, steps=step, dependencies=deps)
+    else:
+        app = JobApp(job, steps=step)
     handlers: dict[str, Callable[[JobContext], Any]] = {
         "plain": lambda ctx: None,
         "steps table": lambda ctx: None,
         "result": lambda ctx: {"order": 7, "cents": 1290},
         "1 step": lambda ctx: ctx.step("charge", lambda: 1) and None,
         "3 steps": lambda ctx: [ctx.step(f"s{i}", lambda i=i: i) for i in range(3)] and None,
+        "dependencies, 100k waiting": lambda ctx: None,
+        "fan-out 10, fan-in 1": lambda ctx: None,
     }
     app.register("noop", handlers[variant])
     return app
+
+
+def enqueue_for(variant: str, engine: Any, job: Any, deps: Any, n: int) -> None:
+    """The ``n`` jobs a run processes (not timed); fan-out: n // 12 workflows of 12 jobs
+    (a root, 10 after it, 1 after those), enqueued with ``after=`` in one transaction each."""
+    queue = JobQueue(job, dependencies=deps)
+    if variant.startswith("fan-out"):
+        for _ in range(n // 12):
+            with engine.begin() as conn:
+                root = queue.enqueue(conn, "noop", {}).id
+                assert root is not None
+                fan = [queue.enqueue(conn, "noop", {}, after=[root]).id for _ in range(10)]
+                queue.enqueue(conn, "noop", {}, after=[i for i in fan if i is not None])
+        return
+    for start in range(0, n, 1000):
+        with engine.begin() as conn:
+            queue.enqueue_many(conn, [NewJob("noop", {}) for _ in range(min(1000, n - start))])
+    if variant.startswith("dependencies"):
+        with engine.begin() as conn:  # jobs waiting for one that is never claimed
+            later = dt.datetime(2100, 1, 1, tzinfo=dt.UTC)
+            never = queue.enqueue(conn, "never", {}, run_at=later).id
+            conn.execute(
+                text(
+                    f"INSERT INTO {deps.__table__.fullname} (job_id, workflow_id, parents,"
+                    " on_failure, job) SELECT gen_random_uuid(), :p, ARRAY[CAST(:p AS uuid)],"
+                    " 'cancel', '{}' FROM generate_series(1, :n)"
+                ),
+                {"p": never, "n": WAITING},
+            )
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f"VACUUM ANALYZE {deps.__table__.fullname}"))
 
 
 def one_run(url: str, variant: str, n: int, round_no: int) -> float:
@@ -69,25 +122,23 @@ def one_run(url: str, variant: str, n: int, round_no: int) -> float:
     with engine.begin() as conn:
         conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
         conn.execute(text(f"CREATE SCHEMA {schema}"))
-    base, job, step = models(schema)
+    base, job, step, deps = models(schema)
     base.metadata.create_all(engine)
-    queue = JobQueue(job)
-    for start in range(0, n, 1000):
-        with engine.begin() as conn:
-            queue.enqueue_many(conn, [NewJob("noop", {}) for _ in range(min(1000, n - start))])
+    enqueue_for(variant, engine, job, deps, n)
+    expected = n // 12 * 12 if variant.startswith("fan-out") else n
     done = {"acked": 0, "at": None}
     worker: Worker | None = None
 
     class Hook(WorkerMetrics):
         def batch_written(self, acknowledged: int, claimed: int, seconds: float) -> None:
             done["acked"] += acknowledged
-            if done["acked"] >= n and done["at"] is None:
+            if done["acked"] >= expected and done["at"] is None:
                 done["at"] = time.perf_counter()
                 assert worker is not None
                 worker.stop()
 
     worker = Worker(
-        app_for(variant, job, step), engine, metrics=Hook(), install_signal_handlers=False
+        app_for(variant, job, step, deps), engine, metrics=Hook(), install_signal_handlers=False
     )
     watchdog = threading.Timer(600, lambda: worker.stop(now=True))
     watchdog.daemon = True
@@ -104,9 +155,9 @@ def one_run(url: str, variant: str, n: int, round_no: int) -> float:
     with engine.begin() as conn:
         conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
     engine.dispose()
-    if done["at"] is None or succeeded != n:
+    if done["at"] is None or succeeded != expected:
         raise RuntimeError(f"{variant}: {succeeded} of {n} jobs succeeded")
-    return n / (float(done["at"]) - started)
+    return expected / (float(done["at"]) - started)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,10 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument("--only", default=None, help="variants separated by ; (plain is kept)")
     args = parser.parse_args(argv)
-    rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    chosen = VARIANTS if args.only is None else ("plain", *args.only.split(";"))
+    rates: dict[str, list[float]] = {v: [] for v in chosen}
     for round_no in range(args.rounds):
-        for variant in VARIANTS:
+        for variant in chosen:
             rate = one_run(args.database_url, variant, args.n, round_no)
             rates[variant].append(rate)
             print(f"round {round_no + 1} {variant}: {rate:,.0f} jobs/s", flush=True)
@@ -127,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| variant | jobs/s (median of {args.rounds}) | ratio to plain | runs |",
         "|---|---:|---:|---|",
     ]
-    for variant in VARIANTS:
+    for variant in chosen:
         median = statistics.median(rates[variant])
         runs = ", ".join(f"{r:,.0f}" for r in rates[variant])
         lines.append(f"| {variant} | {median:,.0f} | {median / plain:.2f} | {runs} |")

@@ -30,6 +30,7 @@ from sa_outbox.statements import (
     claim_jobs,
     complete_and_claim_jobs,
     release_dependants,
+    select_dependants,
     waiting_page,
 )
 
@@ -317,20 +318,24 @@ def test_a_release_finds_the_dependants_of_finished_jobs_by_index(
     waiting: Engine, mode: str
 ) -> None:
     """After a write, the release looks up the waiting rows whose parents include the
-    finished jobs through the GIN index; a sweep's page walks the waiting rows' index."""
+    finished jobs through the GIN index, then takes them by id; a sweep's page walks the
+    waiting rows' index."""
     with waiting.connect() as conn:
         parents = (
             conn.execute(text(f"SELECT parents[1] FROM {SCHEMA}.job_dependencies LIMIT 3"))
             .scalars()
             .all()
         )
-    plan = plan_of(waiting, release_dependants(Job, JobDependency, parents=parents), mode)
-    shown = json.dumps(plan, indent=1)
-    scans = [n for _, n in nodes(plan) if n.get("Relation Name") in ("job_dependencies", "jobs")]
-    assert all("Seq Scan" not in n["Node Type"] for n in scans), shown
-    picks = [n for _, n in nodes(plan) if n.get("Index Name") == "job_dependencies_parents_idx"]
+        found = conn.execute(select_dependants(JobDependency, parents)).scalars().all()
+    lookup = plan_of(waiting, select_dependants(JobDependency, parents), mode)
+    shown = json.dumps(lookup, indent=1)
+    picks = [n for _, n in nodes(lookup) if n.get("Index Name") == "job_dependencies_parents_idx"]
     assert picks and picks[0]["Node Type"] == "Bitmap Index Scan", shown
     assert picks[0]["Actual Rows"] <= 10, shown
+    plan = plan_of(waiting, release_dependants(Job, JobDependency, job_ids=found), mode)
+    shown = json.dumps(plan, indent=1)
+    scans = [n for _, n in nodes(plan) if n.get("Relation Name") in ("job_dependencies", "jobs")]
+    assert scans and all("Seq Scan" not in n["Node Type"] for n in scans), shown
     page = plan_of(waiting, waiting_page(JobDependency, after=None, limit=1000), mode)
     shown = json.dumps(page, indent=1)
     assert page["Node Type"] == "Limit", shown

@@ -99,7 +99,15 @@ class DependencyOps:
     ) -> Op[Released]:
         """Release the waiting jobs these parents (or these ids) now decide, then the ones
         their release decides in turn (a dependant released ``cancelled`` or ``failed``
-        decides its own dependants); returns each job released and its status."""
+        decides its own dependants); returns each job released and its status. By
+        ``parents``, their dependants are first found through the GIN index (none
+        waiting: no more statement), then released by id."""
+        if parents is not None:
+            found = yield st.select_dependants(self.deps, parents)
+            job_ids = [job_id for job_id, released_at in found if released_at is None]
+            if not job_ids:
+                return []
+            parents = None
         stmt = st.release_dependants(
             self.jobs,
             self.deps,
@@ -111,11 +119,8 @@ class DependencyOps:
         )
         released: Released = [(row[0], JobStatus(row[1])) for row in (yield stmt)]
         ended = [job_id for job_id, status in released if status is not JobStatus.PENDING]
-        while ended:
-            stmt = st.release_dependants(self.jobs, self.deps, parents=ended, clock=self.clock)
-            more = [(row[0], JobStatus(row[1])) for row in (yield stmt)]
-            released.extend(more)
-            ended = [job_id for job_id, status in more if status is not JobStatus.PENDING]
+        if ended:  # what waits for these, and so on down (a call per level)
+            released.extend((yield from self.release(parents=ended)))
         return released
 
     def sweep_page(self, after: uuid.UUID | None) -> Op[tuple[Released, uuid.UUID | None]]:

@@ -28,7 +28,8 @@ class JobDependencyMixin:
     for ``sa-outbox workflows``), and retention prunes it with its job.
 
     A plain table: ``alembic revision --autogenerate`` renders it with ``op.create_table``
-    and its two partial indexes (a GIN index on the waiting rows' ``parents``).
+    and its indexes: a GIN index on ``parents`` (which jobs wait for a job that finished),
+    a partial one on the waiting rows (the sweep), one on ``workflow_id``.
 
     Examples:
         >>> from sqlalchemy.orm import DeclarativeBase
@@ -67,11 +68,15 @@ class JobDependencyMixin:
         schema = cls.__dict__.get("__table_schema__", getattr(cls, "__table_schema__", None))
         waiting = text("released_at IS NULL")
         indexes = (
+            # Not partial: a query that names released_at would let the planner pick the
+            # waiting rows' index instead, and read every waiting row (`select_dependants`).
+            # fastupdate off: releases update rows all the time, and a GIN pending list fed by
+            # them would be read whole by every lookup.
             Index(
                 f"{name}_parents_idx",
                 "parents",
                 postgresql_using="gin",
-                postgresql_where=waiting,
+                postgresql_with={"fastupdate": "off"},
             ),
             Index(f"{name}_waiting_idx", "job_id", postgresql_where=waiting),
             Index(f"{name}_workflow_idx", "workflow_id"),

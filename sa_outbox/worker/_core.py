@@ -151,6 +151,8 @@ class Core:
         self.dependencies = (
             None if deps is None else DependencyOps(app.table, deps, clock=ops.clock)
         )
+        self.to_release: list[uuid.UUID] = []  # finished jobs whose dependants wait (`note_ended`)
+        self.to_release_since: float | None = None
         limits = app.limits
         #: What this worker's claims ask for (the batch aside: `claim_params_for`).
         self.claim_params = ClaimParams(
@@ -641,16 +643,40 @@ class Core:
             self.hook("job_finished", entry.job.kind, outcome, result.seconds)
             self.hook("job_settled", entry.job, outcome, result.seconds)
 
-    def ended_parents(self, written: Written) -> list[uuid.UUID]:
-        """The jobs a committed write finished, when jobs may wait for them."""
+    def note_ended(self, written: Written) -> None:
+        """Keep the jobs a committed write finished, when jobs may wait for them: their
+        dependants are released after it (`release_due`)."""
         if self.dependencies is None:
+            return
+        ended = [r.entry.job.id for r, outcome in written.outcomes if outcome in _FINISHED]
+        if ended:
+            if not self.to_release:
+                self.to_release_since = self.timer()
+            self.to_release.extend(ended)
+
+    def release_due(self, now: float, claimed: int) -> list[uuid.UUID]:
+        """The finished jobs whose dependants to release now: once `RELEASE_BATCH` have
+        gathered or the oldest waited `RELEASE_DELAY`, or after a write that ``claimed``
+        nothing (no more work in sight), or when the worker stops. Releasing them together
+        costs one transaction for many writes of a busy worker."""
+        waited = self.to_release_since
+        if not self.to_release or waited is None:
             return []
-        return [r.entry.job.id for r, outcome in written.outcomes if outcome in _FINISHED]
+        if (
+            len(self.to_release) < RELEASE_BATCH
+            and now < waited + RELEASE_DELAY
+            and claimed > 0
+            and not self.stopping
+        ):
+            return []
+        parents, self.to_release, self.to_release_since = self.to_release, [], None
+        return parents
 
     def release_op(self, parents: Sequence[uuid.UUID]) -> Op[int]:
         """Release the jobs waiting for ``parents`` that these now decide (`DependencyOps.
         release`), announcing those released finished; how many were released."""
         assert self.dependencies is not None
+        yield st.index_walks_only()  # this transaction is the worker's own
         released = yield from self.dependencies.release(parents=parents)
         yield from self._announce(released)
         return len(released)
@@ -658,6 +684,7 @@ class Core:
     def sweep_op(self, after: uuid.UUID | None) -> Op[tuple[int, uuid.UUID | None]]:
         """One page of the sweep of the waiting jobs (`DependencyOps.sweep_page`)."""
         assert self.dependencies is not None
+        yield st.index_walks_only()
         released, after = yield from self.dependencies.sweep_page(after)
         yield from self._announce(released)
         return len(released), after
@@ -828,6 +855,11 @@ class Core:
                     due.append(e.lease_deadline)
         return max(0.0, min(due) - now) if due else None
 
+
+#: A worker releases the dependants of the jobs it finished once this many gathered, or
+#: after `RELEASE_DELAY` seconds, or when it has nothing else to run (`Core.release_due`).
+RELEASE_BATCH = 1000
+RELEASE_DELAY = 0.05
 
 #: The outcomes after which a job is finished (what waiters for results wait for).
 _FINISHED = frozenset({JobOutcome.SUCCEEDED, JobOutcome.FAILED, JobOutcome.CANCELLED})

@@ -364,15 +364,16 @@ class Worker(DriverBase["Engine"]):
         with self._gate:
             self.core.written(written)
             entries = self.core.admit(written.claimed, claim, started, notifications)
+            self.core.note_ended(written)
+            ended = self.core.release_due(self.timer(), len(written.claimed))
         self.core.hook("batch_written", len(written.outcomes), len(written.claimed), elapsed)
         self._handlers.start(entries)
-        ended = self.core.ended_parents(written)
         if ended:
             self._release_after(ended)
         return len(written.claimed)
 
     def _release_after(self, parents: list[Any]) -> None:
-        # After the write's commit, in a transaction of its own: it sees every write that
+        # After the writes' commits, in a transaction of its own: it sees every write that
         # committed before it began, so of two workers finishing the last two jobs another
         # waits for, the later one's release finds both. A release that fails is left to
         # the keeper's sweep (`release_dependants`).
