@@ -60,7 +60,9 @@ def lock_waiting_parents(deps: object, parents: Sequence[uuid.UUID]) -> Select[A
         >>> from sa_outbox.schema import JobDependencyMixin
         >>> class Base(DeclarativeBase): pass
         >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
-        >>> "FOR SHARE" in str(lock_waiting_parents(JobDependency, [uuid.UUID(int=1)]))
+        >>> from sqlalchemy.dialects import postgresql
+        >>> stmt = lock_waiting_parents(JobDependency, [uuid.UUID(int=1)])
+        >>> "FOR SHARE" in str(stmt.compile(dialect=postgresql.dialect()))
         True
     """
     d = table_of(deps)
@@ -82,7 +84,9 @@ def lock_parent_jobs(jobs: object, parents: Sequence[uuid.UUID]) -> Select[Any]:
         >>> from sa_outbox.schema import JobMixin
         >>> class Base(DeclarativeBase): pass
         >>> class Job(JobMixin, Base): __tablename__ = "jobs"
-        >>> "FOR SHARE" in str(lock_parent_jobs(Job, [uuid.UUID(int=1)]))
+        >>> from sqlalchemy.dialects import postgresql
+        >>> stmt = lock_parent_jobs(Job, [uuid.UUID(int=1)])
+        >>> "FOR SHARE" in str(stmt.compile(dialect=postgresql.dialect()))
         True
     """
     t = table_of(jobs)
