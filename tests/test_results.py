@@ -271,8 +271,10 @@ async def test_async_waits_are_woken_by_the_notification(
 
         waiter.read = counted  # type: ignore[method-assign]
         waits = [asyncio.create_task(waiter.result(i, timeout=WAIT)) for i in ids]
+        deadline = asyncio.get_running_loop().time() + WAIT
         while reads < len(ids):  # each wait made its first read (its job pending)
-            await asyncio.sleep(0.01)
+            assert asyncio.get_running_loop().time() < deadline, reads
+            await asyncio.sleep(0.01)  # other tasks run: the waits, then their reads
         assert await make_async_worker(app).drain(timeout=WAIT) == len(ids)
         assert await asyncio.gather(*waits) == [0, 2, 4]
         found = await waiter.read(ids[2])
