@@ -12,7 +12,9 @@ knows nothing of a dead client either, so ``statement_timeout`` / ``lock_timeout
 An engine handed to the worker, the relay or the maintenance runners gets these defaults
 without asking (`harden`): its new connections take whichever of them the engine's URL and
 ``connect_args`` leave unset, and the ones already in its pool get the same TCP settings on
-their socket at their next checkout.
+their socket at their next checkout. Each also gives its session the server's TCP settings
+of the same meaning (`server_side`): without them a backend whose client vanished inside a
+transaction keeps its row locks for the operating system's two hours.
 
 Behind a transaction pooler (PgBouncer in ``pool_mode = transaction``, managed poolers)
 ``transaction_pooler=True`` also turns off psycopg's prepared statements, which such a
@@ -33,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import inspect
+import logging
 import os
 import socket
 import threading
@@ -47,6 +50,8 @@ from sqlalchemy.exc import ArgumentError
 from ._exceptions import InvalidArgument, InvalidArgumentType
 from ._validation import duration
 
+_log = logging.getLogger("sa_outbox")
+
 __all__ = [
     "check_listen_url",
     "connect_args",
@@ -55,6 +60,7 @@ __all__ = [
     "in_use",
     "interrupt",
     "listen_connect_args",
+    "server_side",
     "unprotected",
 ]
 
@@ -247,12 +253,19 @@ def harden(engine: object) -> bool:
             cparams.setdefault(name, value)
         if record is not None:
             record.info[_GUARDED] = True
+            record.info[_SERVER_SIDE] = server_side(cparams)
+
+    def connect(dbapi_connection: Any, record: Any) -> None:
+        settings = record.info.pop(_SERVER_SIDE, None)
+        if settings is not None:
+            _set_server_side(dbapi_connection, settings)
 
     def checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         info = record.info
         if not info.get(_GUARDED):
             info[_GUARDED] = True  # tried once: a socket that refuses is left as it is
-            _guard_socket(record.driver_connection)
+            if _guard_socket(record.driver_connection):
+                _set_server_side(dbapi_connection, server_side(connect_args()))
         with checked_out.lock:
             checked_out.by_record[id(record)] = (threading.get_ident(), record)
 
@@ -261,10 +274,78 @@ def harden(engine: object) -> bool:
             checked_out.by_record.pop(id(record), None)
 
     event.listen(sync, "do_connect", do_connect)
+    event.listen(sync.pool, "connect", connect)
     event.listen(sync.pool, "checkout", checkout)
     event.listen(sync.pool, "checkin", checkin)
     event.listen(sync.pool, "detach", checkin)
     return True
+
+
+#: `connection_record.info` key: the server-side settings `harden`'s ``connect`` listener
+#: gives a connection just made.
+_SERVER_SIDE = "sa_outbox.server_side"
+#: The server's own TCP settings for a session, from libpq's parameter of the same meaning.
+_SERVER_NAMES = {
+    "keepalives_idle": "tcp_keepalives_idle",
+    "keepalives_interval": "tcp_keepalives_interval",
+    "keepalives_count": "tcp_keepalives_count",
+    "tcp_user_timeout": "tcp_user_timeout",
+}
+#: Sets each only where nothing but the built-in default decides it: a value from
+#: postgresql.conf, ``ALTER ROLE/DATABASE ... SET`` or the startup ``options`` wins (its
+#: ``source`` is not ``default``); a server without one of them (tcp_user_timeout came in
+#: PostgreSQL 12) has no row for it.
+_SET_SERVER_SIDE = (
+    "SELECT set_config(s.name, v.value, false) FROM pg_catalog.pg_settings AS s "
+    "JOIN (VALUES {values}) AS v(name, value) ON v.name = s.name WHERE s.source = 'default'"
+)
+
+
+def server_side(params: dict[str, Any]) -> dict[str, int]:
+    """The server's TCP settings for a session whose client uses libpq ``params``: the same
+    keepalives and unacknowledged-send limit, so that the server also finds a silent client
+    dead (and ends its transaction, freeing its row locks) instead of waiting for the
+    operating system's two hours.
+
+    Examples:
+        >>> server_side(connect_args())["tcp_keepalives_idle"]
+        10
+        >>> server_side({"keepalives": "0", "tcp_user_timeout": "3000"})
+        {'tcp_user_timeout': 3000}
+    """
+    settings = {}
+    for name, setting in _SERVER_NAMES.items():
+        if name != "tcp_user_timeout" and str(params.get("keepalives", "1")) == "0":
+            continue
+        try:
+            value = int(params[name])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if value > 0:
+            settings[setting] = value
+    return settings
+
+
+def _set_server_side(dbapi_connection: Any, settings: dict[str, int]) -> None:
+    """Give the session ``settings`` (`server_side`) in autocommit: one round trip when the
+    connection is made. A server or a pooler that refuses is left as it is: these only
+    bound how long the server keeps a dead client."""
+    if not settings:
+        return
+    values = ", ".join(f"('{name}', '{value}')" for name, value in settings.items())
+    try:
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(_SET_SERVER_SIDE.format(values=values))
+            finally:
+                cursor.close()
+        finally:
+            dbapi_connection.autocommit = autocommit
+    except Exception as exc:
+        _log.debug("the server's TCP settings were not set: %s", exc)
 
 
 def _guard_socket(driver_connection: Any) -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import Connection, Engine, create_engine, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -307,12 +307,30 @@ def test_a_plain_engine_handed_to_a_worker_gets_the_client_side_timeouts(engine,
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 30000
             conn.invalidate()
+            # The server's side of the pooled session has the same limits.
+            assert _server_tcp(conn)["tcp_keepalives_idle"] == ("10", "session")
+            conn.invalidate()
         with plain.connect() as conn:  # a new connection: libpq has the parameters
             given = conn.connection.driver_connection.info.get_parameters()
+            server = _server_tcp(conn)
         assert given["connect_timeout"] == "10"
         assert (given["keepalives_idle"], given["tcp_user_timeout"]) == ("10", "30000")
+        assert server == {
+            "tcp_keepalives_count": ("3", "session"),
+            "tcp_keepalives_idle": ("10", "session"),
+            "tcp_keepalives_interval": ("5", "session"),
+            "tcp_user_timeout": ("30000", "session"),
+        }
     finally:
         plain.dispose()
+
+
+def _server_tcp(conn: Connection) -> dict[str, tuple[str, str]]:
+    """The server's TCP settings for the session: name → (setting, where it came from)."""
+    rows = conn.execute(
+        text("SELECT name, setting, source FROM pg_settings WHERE name LIKE 'tcp%'")
+    ).all()
+    return {name: (setting, source) for name, setting, source in rows}
 
 
 def test_the_defaults_never_override_what_the_engine_sets(database_url):
@@ -323,6 +341,25 @@ def test_the_defaults_never_override_what_the_engine_sets(database_url):
             given = conn.connection.driver_connection.info.get_parameters()
         assert (given["connect_timeout"], given["keepalives_idle"]) == ("3", "7")
         assert given["keepalives_interval"] == "5"  # unset by the user: the default
+    finally:
+        mine.dispose()
+
+
+def test_the_server_side_limits_follow_the_client_and_never_override_a_setting(database_url):
+    # The server's keepalives take the client's values; one the session was started with
+    # (as from postgresql.conf or ALTER ROLE ... SET: not the built-in default) is kept.
+    options = "-c tcp_keepalives_count=7"
+    mine = create_engine(database_url, connect_args={"keepalives_idle": 4, "options": options})
+    try:
+        Worker(JobApp(Job, handlers={"noop": lambda job: None}), mine)
+        with mine.connect() as conn:
+            first = conn.connection.driver_connection
+        with mine.connect() as conn:  # the same connection, after the pool's rollback
+            assert conn.connection.driver_connection is first
+            server = _server_tcp(conn)
+        assert server["tcp_keepalives_count"][1] == "client"
+        assert server["tcp_keepalives_idle"][1] == "session"
+        assert server["tcp_keepalives_interval"][1] == "session"
     finally:
         mine.dispose()
 
@@ -414,6 +451,10 @@ async def test_an_async_engine_handed_to_an_async_worker_gets_the_timeouts(datab
         async with plain.connect() as conn:
             raw = await conn.get_raw_connection()
             given = raw.driver_connection.info.get_parameters()
+            source = await conn.scalar(
+                text("SELECT source FROM pg_settings WHERE name = 'tcp_keepalives_idle'")
+            )
         assert (given["connect_timeout"], given["keepalives_idle"]) == ("10", "10")
+        assert source == "session"
     finally:
         await plain.dispose()
