@@ -37,6 +37,7 @@ from sa_outbox.worker import (
     JobFailed,
     JobNotFound,
     JobResults,
+    Reclaimer,
     ResultTimeout,
 )
 
@@ -216,6 +217,30 @@ def test_a_failed_or_cancelled_job_raises_job_failed_with_its_error(
     assert str(failed).startswith(f"job {failing} failed: ")
     [cancelled] = cancelled_wait[1]
     assert isinstance(cancelled, JobFailed) and cancelled.status is JobStatus.CANCELLED
+
+
+def test_a_job_the_reclaimer_fails_at_max_attempts_wakes_its_wait(
+    engine: Engine, results: JobResults, clock: Any
+) -> None:
+    # Its worker died holding it on its last attempt: the reclaimer, not a worker, ends it
+    # failed, and announces it on the done channel as a worker would.
+    queue = JobQueue(Job, clock=clock)
+    with engine.begin() as conn:
+        job_id = queue.enqueue(conn, "quote", {"order": 1}, max_attempts=1).id
+    with engine.begin() as conn:
+        [claimed] = queue.claim(conn, worker_id="gone", lease=30)
+    assert claimed.id == job_id
+    reads = counting_reads(results)
+    thread, got = wait_in_thread(results, job_id)
+    wait_until(lambda: len(reads) >= 1, "the first read")
+
+    clock.advance(31)
+    [reclaimed] = Reclaimer(results_app(), engine, clock=clock).run_once()
+    assert reclaimed.status is JobStatus.FAILED
+    thread.join(WAIT)  # woken by the notification: its recheck is NEVER
+    [failed] = got
+    assert isinstance(failed, JobFailed) and failed.status is JobStatus.FAILED
+    assert failed.error is not None and "lease expired at" in failed.error
 
 
 def test_a_wait_ends_in_result_timeout_and_an_unknown_job_in_job_not_found(

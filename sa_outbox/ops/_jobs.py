@@ -497,11 +497,17 @@ class JobOps:
     def notify_channel(self) -> Op[str | None]:
         return (yield st.job_notify_channel_of(self.table)).scalar()  # type: ignore[no-any-return]
 
-    def reclaim(self, limit: int) -> Op[list[ReclaimedJob]]:
+    def reclaim(self, limit: int, *, notify_done: bool = False) -> Op[list[ReclaimedJob]]:
+        """Reclaim expired leases (`st.reclaim_expired_jobs`); ``notify_done``: announce the
+        jobs that ended ``failed`` at max_attempts to the waiters for results."""
         stmt = st.reclaim_expired_jobs(
             self.table, backoff=self.backoff, limit=limit, clock=self.clock
         )
-        return [ReclaimedJob(r[0], JobStatus(r[1]), r[2], r[3]) for r in (yield stmt)]
+        reclaimed = [ReclaimedJob(r[0], JobStatus(r[1]), r[2], r[3]) for r in (yield stmt)]
+        failed = [job.id for job in reclaimed if job.status is JobStatus.FAILED]
+        if notify_done and failed:
+            yield from self.notify_done(failed)
+        return reclaimed
 
     def requeue_failed(
         self,

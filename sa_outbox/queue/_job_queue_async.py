@@ -400,13 +400,15 @@ class AsyncJobQueue(JobQueueBase):
         return await arun(conn, self._ops.notify_channel())
 
     async def reclaim_expired(self, conn: AsyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
-        """Return up to ``limit`` expired leases to ``pending`` (with backoff) or ``failed``.
+        """Return up to ``limit`` expired leases to ``pending`` (with backoff) or ``failed``;
+        with ``steps=``, the failed ones are announced to the waiters for results.
 
         Examples:
             await queue.reclaim_expired(conn)
             # -> []
         """
-        return await arun(conn, self._ops.reclaim(limit))
+        announce = self._steps is not None
+        return await arun(conn, self._ops.reclaim(limit, notify_done=announce))
 
     async def requeue_failed(
         self,

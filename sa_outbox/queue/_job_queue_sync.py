@@ -402,13 +402,15 @@ class JobQueue(JobQueueBase):
         return run(conn, self._ops.notify_channel())
 
     def reclaim_expired(self, conn: SyncConn, *, limit: int = 1000) -> list[ReclaimedJob]:
-        """Return up to ``limit`` expired leases to ``pending`` (with backoff) or ``failed``.
+        """Return up to ``limit`` expired leases to ``pending`` (with backoff) or ``failed``;
+        with ``steps=``, the failed ones are announced to the waiters for results.
 
         Examples:
             queue.reclaim_expired(conn)
             # -> []
         """
-        return run(conn, self._ops.reclaim(limit))
+        announce = self._steps is not None
+        return run(conn, self._ops.reclaim(limit, notify_done=announce))
 
     def requeue_failed(
         self,

@@ -47,10 +47,14 @@ __all__ = ["AsyncReclaimer", "Reclaimer"]
 log = logging.getLogger("sa_outbox.worker")
 
 
-def _model_and_backoff(source: object, backoff: Backoff | None) -> tuple[object, Backoff]:
+def _model_and_backoff(
+    source: object, backoff: Backoff | None
+) -> tuple[object, Backoff, object | None]:
+    """The job model, the backoff and the steps model (its failed jobs are announced to
+    the waiters for results) of a `JobApp`, or of a bare model."""
     if isinstance(source, JobApp):
-        return source.model, backoff or source.backoff
-    return source, backoff or DEFAULT_BACKOFF
+        return source.model, backoff or source.backoff, source.steps_table
+    return source, backoff or DEFAULT_BACKOFF, None
 
 
 E = TypeVar("E")
@@ -69,7 +73,7 @@ class _Base(abc.ABC, Generic[E]):
         metrics: WorkerMetrics | None = None,
     ) -> None:
         self._check(engine)
-        self.model, self.backoff = _model_and_backoff(source, backoff)
+        self.model, self.backoff, self.steps = _model_and_backoff(source, backoff)
         self.interval = duration(interval, "interval").total_seconds()
         self.limit = count(limit, "limit")
         self.clock = clock
@@ -124,7 +128,7 @@ class Reclaimer(_Base["Engine"]):
         check_engine(engine, "Reclaimer")
 
     def _ready(self) -> None:
-        self.queue = JobQueue(self.model, clock=self.clock, backoff=self.backoff)
+        self.queue = JobQueue(self.model, clock=self.clock, backoff=self.backoff, steps=self.steps)
         self._stop = threading.Event()
 
     def run_once(self) -> list[ReclaimedJob]:
@@ -169,7 +173,9 @@ class AsyncReclaimer(_Base["AsyncEngine"]):
     """
 
     def _ready(self) -> None:
-        self.queue = AsyncJobQueue(self.model, clock=self.clock, backoff=self.backoff)
+        self.queue = AsyncJobQueue(
+            self.model, clock=self.clock, backoff=self.backoff, steps=self.steps
+        )
         self._stop: asyncio.Event | None = None
 
     async def run_once(self) -> list[ReclaimedJob]:
