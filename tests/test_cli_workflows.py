@@ -1,5 +1,6 @@
 """``sa-outbox workflows list / show / cancel`` on a real database: a workflow (a job and
-the jobs enqueued after it) seen whole, and cancelled whole."""
+the jobs enqueued after it) seen whole, and cancelled whole; its counts in ``sa-outbox
+status`` and in the Prometheus gauges."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 
 from sa_outbox import JobQueue, Worker
 from sa_outbox.cli import ENV_APP_DATABASE_URL, ENV_DATABASE_URL, main
-from sa_outbox.queue import get_workflow, list_workflows
+from sa_outbox.metrics import QueueStatusCollector
+from sa_outbox.queue import get_workflow, list_workflows, queue_status
 
 from .conftest import TEST_SCHEMA, Job
 from .helpers import job_row
@@ -130,3 +133,75 @@ def test_an_unknown_job_or_table_is_refused_in_one_line(
     wrong = [*TABLES[:3], f"{TEST_SCHEMA}.jobs"]
     assert main(["workflows", "list", *wrong]) != 0
     assert "is not a dependencies table" in capsys.readouterr().err
+
+
+def four_outcomes(
+    engine: Engine, queue: JobQueue, make_worker: Callable[..., Worker]
+) -> dict[str, Any]:
+    """One workflow in each state: succeeded, failed (its root failed, its dependant was
+    cancelled), cancelled (by hand), and running (not started: 3 jobs waiting)."""
+    succeeded = diamond(engine, queue)
+    with engine.begin() as conn:
+        broken = queue.enqueue(conn, "node", {"name": "x"}).id
+        queue.enqueue(conn, "node", {"name": "y"}, after=[broken])
+        dropped = queue.enqueue(conn, "node", {"name": "p"}).id
+        queue.enqueue(conn, "node", {"name": "q"}, after=[dropped])
+        queue.cancel(conn, [dropped])
+    make_worker(dag_app([], failing={"x"})).drain()
+    running = diamond(engine, queue)
+    return {
+        "succeeded": succeeded["a"],
+        "failed": broken,
+        "cancelled": dropped,
+        "running": running["a"],
+    }
+
+
+def test_status_counts_the_waiting_jobs_and_the_workflows_by_state(
+    engine: Engine,
+    dag_queue: JobQueue,
+    make_worker: Callable[..., Worker],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    roots = four_outcomes(engine, dag_queue, make_worker)
+    with engine.connect() as conn:
+        flows = {flow.id: flow.state for flow in list_workflows(conn, Job, JobDependency)}
+        found = queue_status(conn, jobs=Job, dependencies=JobDependency).workflows
+        cheap = queue_status(
+            conn, jobs=Job, dependencies=JobDependency, workflow_states=False
+        ).workflows
+    assert flows == {root: state for state, root in roots.items()}
+    assert found is not None and cheap is not None
+    assert (found.waiting, found.waiting_workflows) == (3, 1)
+    assert found.by_state == {"running": 1, "succeeded": 1, "failed": 1, "cancelled": 1}
+    assert (cheap.waiting, cheap.by_state) == (3, {})
+
+    assert main(["status", *TABLES]) == 0
+    out = capsys.readouterr().out
+    assert f"workflows ({TEST_SCHEMA}.job_dependencies)" in out
+    assert "waiting jobs       3 in 1 workflow(s)" in out
+    assert "workflows          1 running, 1 succeeded, 1 failed, 1 cancelled" in out
+    assert main(["status", *TABLES, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["workflows"]
+    assert shown["waiting"] == 3 and shown["by_state"]["failed"] == 1
+    assert main(["status", *TABLES[2:]]) != 0  # the dependencies without the job table
+    assert "--dependencies-table goes with the job table" in capsys.readouterr().err
+
+
+def test_the_prometheus_gauges_count_the_waiting_jobs_and_optionally_the_states(
+    engine: Engine, dag_queue: JobQueue, make_worker: Callable[..., Worker]
+) -> None:
+    four_outcomes(engine, dag_queue, make_worker)
+    cheap, full = CollectorRegistry(), CollectorRegistry()
+    QueueStatusCollector(engine, jobs=Job, dependencies=JobDependency).register(cheap)
+    QueueStatusCollector(
+        engine, jobs=Job, dependencies=JobDependency, workflow_states=True
+    ).register(full)
+    for registry in (cheap, full):
+        assert registry.get_sample_value("sa_outbox_jobs_waiting_for_jobs") == 3
+        assert registry.get_sample_value("sa_outbox_workflows_waiting") == 1
+    assert cheap.get_sample_value("sa_outbox_workflows", {"state": "running"}) is None
+    for state in ("running", "succeeded", "failed", "cancelled"):
+        assert full.get_sample_value("sa_outbox_workflows", {"state": state}) == 1
+    with pytest.raises(Exception, match="needs jobs= too"):
+        QueueStatusCollector(engine, dependencies=JobDependency)

@@ -7,6 +7,7 @@ import datetime as dt
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy import Table
 
@@ -30,6 +31,7 @@ from ._targets import (
     add_outbox_target,
     add_pause_target,
     database,
+    dependencies_table,
     job_table,
     outbox_table,
     pause_table,
@@ -44,7 +46,8 @@ example:
   sa-outbox status --model myapp.models:Job --outbox-model myapp.models:OutboxEvent
   sa-outbox status --jobs-table public.jobs --json
   sa-outbox status --model myapp.models:Job --watch 5
-  sa-outbox status --app myapp.tasks:app    # the JobApp: its table and its schedules
+  sa-outbox status --app myapp.tasks:app    # the JobApp: its tables and its schedules
+  sa-outbox status --jobs-table public.jobs --dependencies-table public.job_dependencies
 """
 
 _QUEUES_EXAMPLE = """\
@@ -66,8 +69,8 @@ def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         description=(
             "Print the jobs by queue, kind and status, how long the oldest ready job has "
             "waited, the jobs failed in the last hour, the running jobs whose lease expired, "
-            "the outbox backlog and parked events, and the workers connected now. Give the "
-            "job table, the outbox table, or both. Only reads."
+            "the outbox backlog and parked events, the workflows, and the workers "
+            "connected now. Give the job table, the outbox table, or both. Only reads."
         ),
         epilog=_STATUS_EXAMPLE,
     )
@@ -80,6 +83,13 @@ def _add_status(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="the JobApp, as module:attribute (what sa-outbox worker takes): list its "
         "schedules of periodic jobs, their next tick and the last one enqueued; its model "
         "is the job table unless --model or --jobs-table names another",
+    )
+    parser.add_argument(
+        "--dependencies-table",
+        metavar="TABLE",
+        help="the dependencies table (JobDependencyMixin), e.g. public.job_dependencies: "
+        "count the jobs waiting for others and the workflows by state (the JobApp's of "
+        "--app when it has one)",
     )
     parser.add_argument(
         "--failed-within",
@@ -178,6 +188,15 @@ def format_status(status: QueueStatus, schedules: list[ScheduleStatus] | None = 
             f"outbox ({outbox.table})",
             f"backlog            {outbox.backlog} unpublished{oldest}",
             f"parked             {outbox.parked}",
+        ]
+    workflows = status.workflows
+    if workflows is not None:
+        states = ", ".join(f"{n} {state}" for state, n in workflows.by_state.items())
+        lines += [
+            "",
+            f"workflows ({workflows.table})",
+            f"waiting jobs       {workflows.waiting} in {workflows.waiting_workflows} workflow(s)",
+            f"workflows          {states or 'not counted'}",
         ]
     if status.paused is not None:
         lines += ["", f"paused queues      {len(status.paused)}"]
@@ -281,11 +300,17 @@ def _status(args: argparse.Namespace) -> int:
                             job_table(args, conn, required=False),
                             outbox_table(args, conn, required=False),
                             pause_table(args, conn, required=False),
+                            _dependencies(args, conn, app),
                         )
                     )
-                jobs, outbox, pauses = tables
+                jobs, outbox, pauses, dependencies = tables
                 if jobs is None and app is not None:
                     jobs = tables[0] = resolve_table(app.model)
+                if dependencies is not None and jobs is None:
+                    raise CommandError(
+                        "--dependencies-table goes with the job table: add --model "
+                        "myapp.models:Job or --jobs-table SCHEMA.TABLE"
+                    )
                 if jobs is None and outbox is None:
                     raise CommandError(
                         "give the job table (--model myapp.models:Job or --jobs-table "
@@ -298,6 +323,7 @@ def _status(args: argparse.Namespace) -> int:
                     outbox=outbox,
                     failed_within=args.failed_within,
                     pauses=pauses,
+                    dependencies=dependencies,
                 )
                 schedules = None
                 if app is not None and found.taken_at is not None:
@@ -310,6 +336,13 @@ def _status(args: argparse.Namespace) -> int:
             return format_status(found, schedules)
 
         return _watch(args, frame)
+
+
+def _dependencies(args: argparse.Namespace, conn: Any, app: JobApp | None) -> Table | None:
+    """The dependencies table: ``--dependencies-table``'s, else the ``--app``'s, if any."""
+    if args.dependencies_table is not None:
+        return dependencies_table(args, conn)
+    return None if app is None else app.dependencies_table
 
 
 def _queues(args: argparse.Namespace) -> int:

@@ -202,7 +202,9 @@ def _worker(args: argparse.Namespace) -> int:
         try:
             options["metrics"] = PrometheusMetrics()
             metrics_engine = _engine(url, name)
-            QueueStatusCollector(metrics_engine, jobs=app.model).register()
+            QueueStatusCollector(
+                metrics_engine, jobs=app.model, dependencies=app.dependencies_table
+            ).register()
             stop_metrics = serve_metrics(args.metrics_port)
         except (MetricsUnavailable, OSError) as exc:
             raise CommandError(f"--metrics-port {args.metrics_port}: {exc}") from None

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from .._exceptions import SaOutboxError
+from .._exceptions import InvalidArgument, SaOutboxError
 from .._pooler import prepare_for_pooler
 from ..queue import ClaimedEvent, ClaimedJob, queue_status
 from ..relay import PublishOutcome, RelayMetrics, RelayReport
@@ -238,7 +238,10 @@ class PrometheusRelayMetrics(RelayMetrics):
 class QueueStatusCollector(Collector):
     """Gauges read by `queue_status` at each scrape, so any process can expose them.
 
-    ``jobs`` and/or ``outbox`` are the models `queue_status` takes. Register it:
+    ``jobs``, ``outbox`` and ``dependencies`` are the models `queue_status` takes. Given
+    ``dependencies`` (with ``jobs``): the jobs waiting for others and the workflows with one
+    (read through the waiting rows' index); ``workflow_states=True`` adds the workflows by
+    state, which reads the whole dependencies table at each scrape. Register it:
     ``QueueStatusCollector(engine, jobs=Job).register()``.
 
     Examples:
@@ -247,13 +250,23 @@ class QueueStatusCollector(Collector):
     """
 
     def __init__(
-        self, engine: Engine | None, *, jobs: object | None = None, outbox: object | None = None
+        self,
+        engine: Engine | None,
+        *,
+        jobs: object | None = None,
+        outbox: object | None = None,
+        dependencies: object | None = None,
+        workflow_states: bool = False,
     ) -> None:
         _require()
+        if dependencies is not None and jobs is None:
+            raise InvalidArgument("QueueStatusCollector(dependencies=) needs jobs= too")
         self.engine = engine
         prepare_for_pooler(engine)  # behind PgBouncer: no prepared statements
         self.jobs = jobs
         self.outbox = outbox
+        self.dependencies = dependencies
+        self.workflow_states = workflow_states
 
     def register(self, registry: Any = None) -> QueueStatusCollector:
         """Register with ``registry`` (default ``prometheus_client.REGISTRY``); returns self.
@@ -272,7 +285,13 @@ class QueueStatusCollector(Collector):
     def collect(self) -> Iterator[Any]:
         assert self.engine is not None, "QueueStatusCollector needs an engine to collect"
         with self.engine.connect() as conn:
-            status = queue_status(conn, jobs=self.jobs, outbox=self.outbox)
+            status = queue_status(
+                conn,
+                jobs=self.jobs,
+                outbox=self.outbox,
+                dependencies=self.dependencies,
+                workflow_states=self.workflow_states,
+            )
         if status.jobs is not None:
             jobs = GaugeMetricFamily(
                 "sa_outbox_jobs_in_status",
@@ -293,6 +312,24 @@ class QueueStatusCollector(Collector):
                 "Running jobs whose lease expired",
                 value=status.jobs.expired_leases,
             )
+        if status.workflows is not None:
+            yield GaugeMetricFamily(
+                "sa_outbox_jobs_waiting_for_jobs",
+                "Jobs waiting for others (after=), not yet in the job table",
+                value=status.workflows.waiting,
+            )
+            yield GaugeMetricFamily(
+                "sa_outbox_workflows_waiting",
+                "Workflows with at least one job waiting for others",
+                value=status.workflows.waiting_workflows,
+            )
+            if status.workflows.by_state:
+                flows = GaugeMetricFamily(
+                    "sa_outbox_workflows", "Workflows by state", labels=["state"]
+                )
+                for state, n in status.workflows.by_state.items():
+                    flows.add_metric([state], n)
+                yield flows
         if status.outbox is not None:
             yield GaugeMetricFamily(
                 "sa_outbox_relay_backlog",

@@ -50,6 +50,7 @@ __all__ = [
     "RunningJob",
     "ThroughputMinute",
     "WorkerJobs",
+    "WorkflowsStatus",
     "as_plain",
     "get_event",
     "get_job",
@@ -187,17 +188,37 @@ class OutboxStatus:
 
 
 @dataclasses.dataclass(frozen=True)
+class WorkflowsStatus:
+    """The dependencies table's part of `QueueStatus`: the jobs ``waiting`` for others
+    (not released into the job table yet), how many workflows have one, and the workflows
+    by state (`WORKFLOW_OUTCOMES <sa_outbox.statements.WORKFLOW_OUTCOMES>`: running,
+    succeeded, failed, cancelled; zero included).
+
+    Examples:
+        >>> WorkflowsStatus("job_dependencies", 3, 1, {"running": 1, "succeeded": 9}).waiting
+        3
+    """
+
+    table: str
+    waiting: int
+    waiting_workflows: int
+    by_state: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
 class QueueStatus:
     """`queue_status`'s answer: the database's time, each table asked for, the workers.
 
     ``workers`` lists the workers connected now (``application_name``; workers started by
     ``sa-outbox worker`` set it); a worker of your own process that does not set it shows
     only in ``jobs.holders``, while it holds jobs. ``paused`` lists the paused queues when
-    `queue_status` was given the pause table (``pauses=``), else it is ``None``.
+    `queue_status` was given the pause table (``pauses=``), else it is ``None``;
+    ``workflows`` the same for the dependencies table (``dependencies=``).
 
     Examples:
-        >>> QueueStatus(None, None, None, []).as_dict()
-        {'taken_at': None, 'jobs': None, 'outbox': None, 'workers': [], 'paused': None}
+        >>> QueueStatus(None, None, None, []).as_dict()  # doctest: +NORMALIZE_WHITESPACE
+        {'taken_at': None, 'jobs': None, 'outbox': None, 'workers': [], 'paused': None,
+         'workflows': None}
     """
 
     taken_at: dt.datetime | None
@@ -205,6 +226,7 @@ class QueueStatus:
     outbox: OutboxStatus | None
     workers: list[ConnectedWorker]
     paused: list[PausedQueue] | None = None
+    workflows: WorkflowsStatus | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The status as JSON-ready data (see `as_plain`)."""
@@ -220,12 +242,17 @@ def queue_status(
     failed_within: dt.timedelta | float = 3600,
     clock: Clock | None = None,
     pauses: object | None = None,
+    dependencies: object | None = None,
+    workflow_states: bool = True,
 ) -> QueueStatus:
     """Read the status of the job table and/or the outbox, and the connected workers.
 
     Only reads. The counts by queue, kind and status read the whole job table; the rest
     walks partial indexes. Given ``pauses`` (a `QueuePauseMixin` model), ``paused`` lists
-    the paused queues.
+    the paused queues. Given ``dependencies`` (a `JobDependencyMixin` model, with
+    ``jobs``), ``workflows`` counts the jobs waiting for others and the workflows by state;
+    the states read the whole dependencies table: ``workflow_states=False`` leaves them out
+    (``by_state`` empty), for a frequent scrape.
 
     Examples:
         with engine.connect() as conn:
@@ -234,6 +261,8 @@ def queue_status(
     """
     if jobs is None and outbox is None:
         raise InvalidArgument("queue_status needs a job model (jobs=) or an outbox (outbox=)")
+    if dependencies is not None and jobs is None:
+        raise InvalidArgument("queue_status(dependencies=) needs the job model too (jobs=)")
     taken_at: Any = conn.execute(st.select_now(clock)).scalar_one()
     jobs_status = None
     if jobs is not None:
@@ -267,7 +296,25 @@ def queue_status(
         )
     workers = [ConnectedWorker(*row) for row in conn.execute(st.connected_workers())]
     paused = None if pauses is None else _paused(conn, pauses)
-    return QueueStatus(taken_at, jobs_status, outbox_status, workers, paused)
+    workflows = None
+    if dependencies is not None:
+        workflows = _workflows(conn, jobs, dependencies, states=workflow_states)
+    return QueueStatus(taken_at, jobs_status, outbox_status, workers, paused, workflows)
+
+
+def _workflows(conn: Connection, jobs: object, deps: object, *, states: bool) -> WorkflowsStatus:
+    waiting = conn.execute(st.count_waiting_dependants(deps)).one()
+    by_state: dict[str, int] = {}
+    if states:
+        by_state = {state: 0 for state in st.WORKFLOW_OUTCOMES}
+        for state, workflows in conn.execute(st.count_workflows_by_state(jobs, deps)):
+            by_state[state] = workflows
+    return WorkflowsStatus(
+        table=resolve_table(deps).fullname,
+        waiting=waiting.jobs,
+        waiting_workflows=waiting.workflows,
+        by_state=by_state,
+    )
 
 
 def _paused(conn: Connection, pauses: object) -> list[PausedQueue]:

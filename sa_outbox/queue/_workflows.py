@@ -40,6 +40,24 @@ class WorkflowSummary:
         unfinished = ("waiting", "pending", "running")
         return not any(self.states.get(state) for state in unfinished)
 
+    @property
+    def state(self) -> str:
+        """``running`` until `done`; then ``failed`` if a job of it failed, ``cancelled`` if
+        one was cancelled, else ``succeeded`` (`WORKFLOW_OUTCOMES
+        <sa_outbox.statements.WORKFLOW_OUTCOMES>`, as ``sa-outbox status`` counts them).
+
+        Examples:
+            >>> WorkflowSummary(uuid.UUID(int=1), 2, {"succeeded": 1, "cancelled": 1}, None,
+            ...                 None).state
+            'cancelled'
+        """
+        if not self.done:
+            return "running"
+        for state in ("failed", "cancelled"):
+            if self.states.get(state):
+                return state
+        return "succeeded"
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkflowJob:

@@ -187,7 +187,10 @@ from ._partitions import (
 )
 from ._queue_pause import pause_queue, resume_queue, select_paused_queues
 from ._workflows import (
+    WORKFLOW_OUTCOMES,
     WORKFLOW_STATES,
+    count_waiting_dependants,
+    count_workflows_by_state,
     select_workflow,
     select_workflow_of,
     select_workflows,
@@ -226,6 +229,7 @@ __all__ = [
     "UNIQUE_ENQUEUE_PARAMETERS",
     "WAIT_PREFIX",
     "WORKER_APPLICATION_PREFIX",
+    "WORKFLOW_OUTCOMES",
     "WORKFLOW_STATES",
     "CheckedJob",
     "ClaimLimits",
@@ -254,6 +258,8 @@ __all__ = [
     "count_in_range",
     "count_jobs_by_queue_kind_status",
     "count_jobs_by_status",
+    "count_waiting_dependants",
+    "count_workflows_by_state",
     "create_partition",
     "create_table_like",
     "detach_partition",

@@ -11,6 +11,8 @@ from sqlalchemy import (
     Select,
     Text,
     Uuid,
+    case,
+    distinct,
     func,
     literal,
     null,
@@ -24,6 +26,12 @@ from ._common import table_of
 
 #: The states a workflow's jobs are counted in (``waiting``: not in the job table yet).
 WORKFLOW_STATES = ("waiting", *(status.value for status in JobStatus))
+
+
+#: A workflow's state: ``running`` while a job of it waits, is pending or runs; once all
+#: have finished, ``failed`` if one of them failed, else ``cancelled`` if one was cancelled,
+#: else ``succeeded``.
+WORKFLOW_OUTCOMES = ("running", "succeeded", "failed", "cancelled")
 
 
 def _members(deps: Any) -> Any:
@@ -66,6 +74,60 @@ def select_workflows(jobs: object, deps: object, *, limit: int) -> Select[Any]:
         .order_by(updated.desc().nulls_last(), members.c.workflow_id)
         .limit(limit)
     )
+
+
+def count_workflows_by_state(jobs: object, deps: object) -> Select[Any]:
+    """How many workflows are in each state of `WORKFLOW_OUTCOMES`: ``state, workflows``,
+    one row per state that has any. Reads the whole dependencies table (for ``sa-outbox
+    status``, not for a scrape every few seconds: `count_waiting_dependants` is cheap).
+
+    Examples:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobDependencyMixin, JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
+        >>> list(count_workflows_by_state(Job, JobDependency).selected_columns.keys())
+        ['state', 'workflows']
+    """
+    t = table_of(jobs)
+    members = _members(deps)
+    unfinished = t.c.id.is_(None) | t.c.status.in_([JobStatus.PENDING, JobStatus.RUNNING])
+    per_workflow = (
+        select(
+            func.bool_or(unfinished).label("unfinished"),
+            func.bool_or(t.c.status == JobStatus.FAILED).label("failed"),
+            func.bool_or(t.c.status == JobStatus.CANCELLED).label("cancelled"),
+        )
+        .select_from(members.outerjoin(t, t.c.id == members.c.job_id))
+        .group_by(members.c.workflow_id)
+        .subquery("per_workflow")
+    )
+    state = case(
+        (per_workflow.c.unfinished, literal("running", Text)),
+        (per_workflow.c.failed, literal("failed", Text)),
+        (per_workflow.c.cancelled, literal("cancelled", Text)),
+        else_=literal("succeeded", Text),
+    )
+    return select(state.label("state"), func.count().label("workflows")).group_by(state)
+
+
+def count_waiting_dependants(deps: object) -> Select[Any]:
+    """``jobs, workflows``: how many jobs wait for others (not released yet) and in how many
+    workflows; one row, read through the waiting rows' partial index.
+
+    Examples:
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobDependencyMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
+        >>> "released_at IS NULL" in str(count_waiting_dependants(JobDependency))
+        True
+    """
+    d = table_of(deps)
+    jobs: Any = func.count().label("jobs")
+    workflows = func.count(distinct(d.c.workflow_id)).label("workflows")
+    return select(jobs, workflows).where(d.c.released_at.is_(None))
 
 
 def select_workflow_of(deps: object, job_id: uuid.UUID) -> Select[Any]:
