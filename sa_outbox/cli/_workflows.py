@@ -1,6 +1,7 @@
 """``sa-outbox workflows``: jobs linked by ``after=`` seen whole. ``workflows list`` counts
-each workflow's jobs by state, ``workflows show`` prints one as a graph of its jobs, and
-``workflows cancel`` cancels every job of one that has not finished.
+each workflow's jobs by state, ``workflows show`` prints one as a graph of its jobs,
+``workflows cancel`` cancels every job of one that has not finished, and ``workflows retry``
+runs again what failed or was cancelled in one.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _add_workflows(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     parser = _add_command(
         commands,
         "workflows",
-        help="jobs that wait for jobs, seen whole: list, show, cancel",
+        help="jobs that wait for jobs, seen whole: list, show, cancel, retry",
         description=(
             "Workflows: a job and the jobs enqueued after it (after=), and after those, in "
             "the dependencies table."
@@ -84,6 +85,21 @@ def _add_workflows(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     cancel.add_argument("id", metavar="ID", type=job_id, help="the id of any job of the workflow")
     _add_targets(cancel, 'print {"cancelled": [...], "cancelling": [...]} instead')
     cancel.set_defaults(handler=_cancel)
+    retry = _add_command(
+        actions,
+        "retry",
+        help="run again what failed or was cancelled in a workflow",
+        description=(
+            "Run again what failed or was cancelled in the workflow a job belongs to: each "
+            "such job whose parents all succeeded goes back to pending with all its "
+            "attempts; the others wait again for their parents. Jobs that succeeded are "
+            "never run again."
+        ),
+        epilog=_EXAMPLE,
+    )
+    retry.add_argument("id", metavar="ID", type=job_id, help="the id of any job of the workflow")
+    _add_targets(retry, 'print {"requeued": [...], "waiting": [...], "skipped": [...]} instead')
+    retry.set_defaults(handler=_retry)
 
 
 def _add_targets(parser: argparse.ArgumentParser, json_help: str) -> None:
@@ -187,6 +203,34 @@ def _cancel(args: argparse.Namespace) -> int:
             f"cancelling {len(cancelling)} running job(s), stopped at their worker's next "
             "heartbeat:",
             listed_ids(cancelling),
+        ]
+    print("\n".join(lines))
+    return 0
+
+
+def _retry(args: argparse.Namespace) -> int:
+    workflow_id, _, jobs = _members(args)
+    with connection(args, write=True) as conn:
+        _, deps = _tables(args, conn)
+        done = JobQueue(jobs, dependencies=deps).retry_workflow(conn, workflow_id)
+    if args.json:
+        print(as_json(done))
+        return 0
+    if not done.requeued and not done.waiting and not done.skipped:
+        print(f"workflow {workflow_id}: nothing failed or was cancelled; nothing to retry")
+        return 0
+    lines = [f"workflow {workflow_id}:"]
+    if done.requeued:
+        lines += [f"requeued {len(done.requeued)} job(s), pending now:", listed_ids(done.requeued)]
+    if done.waiting:
+        lines += [
+            f"{len(done.waiting)} job(s) wait again for the jobs they wait for:",
+            listed_ids(done.waiting),
+        ]
+    if done.skipped:
+        lines += [
+            f"skipped {len(done.skipped)} unique job(s) whose key another job holds:",
+            listed_ids(done.skipped),
         ]
     print("\n".join(lines))
     return 0

@@ -15,7 +15,7 @@ from .._validation import as_uuid
 from ..schema import JobStatus
 from ._drive import Op
 from ._jobs import JobOps
-from ._results import CancelResult, EnqueueResult
+from ._results import CancelResult, EnqueueResult, WorkflowRetry
 
 __all__ = ["MAX_PARENTS", "DependencyOps", "check_parents"]
 
@@ -157,6 +157,39 @@ class DependencyOps:
             cancelling=result.cancelling,
             finished=result.finished,
             unknown=result.unknown,
+        )
+
+    def retry_workflow(self, jobs: JobOps, job_id: uuid.UUID) -> Op[WorkflowRetry]:
+        """Run again what failed or was cancelled in ``job_id``'s workflow: each such job
+        whose parents all succeeded goes back to ``pending`` (all its attempts back; a
+        unique one through the guard of `JobOps.requeue_failed`); the others wait again,
+        out of the job table, and are decided anew when their parents finish. Jobs that
+        succeeded, and jobs a worker still holds, are left alone. Rows locked first."""
+        workflow_id = (yield st.select_workflow_of(self.deps, job_id)).scalar_one()
+        rows = (yield st.lock_workflow_retries(self.jobs, self.deps, workflow_id)).all()
+        again = [row.id for row in rows if not row.parents_succeeded]
+        plain = [row.id for row in rows if row.parents_succeeded and not row.unique]
+        unique = [row for row in rows if row.parents_succeeded and row.unique]
+        if again:
+            yield st.delete_released_jobs(self.jobs, again)
+            yield st.wait_again(self.deps, again)
+        requeued: set[uuid.UUID] = set()
+        queues: set[str] = set()
+        if plain:
+            stmt = st.requeue_workflow_jobs(self.jobs, plain, clock=self.clock)
+            for job, queue in (yield stmt):
+                requeued.add(job)
+                queues.add(queue)
+        failed = [row.id for row in unique if row.status == JobStatus.FAILED]
+        retried = (yield from jobs.requeue_failed(failed, None, None, True)) if failed else []
+        requeued.update(retried)
+        if requeued:  # wake the workers; any of them when a unique job's queue was not read
+            yield st.notify_jobs(self.jobs, None if retried else queues)
+        return WorkflowRetry(
+            id=workflow_id,
+            requeued=[row.id for row in rows if row.id in requeued],
+            waiting=again,
+            skipped=[row.id for row in unique if row.id not in requeued],
         )
 
     def add_to_batch(self, batch: uuid.UUID, jobs: Sequence[uuid.UUID]) -> Op[None]:

@@ -154,6 +154,24 @@ class Batch:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowRetry:
+    """What `JobQueue.retry_workflow` did: the workflow's ``id`` (the job that started it),
+    the jobs ``requeued`` (pending now, all their attempts back: what they waited for had
+    succeeded), the ones ``waiting`` again (for a job requeued here, or still unfinished),
+    and the ``skipped`` ones (a unique job whose key another job holds now).
+
+    Examples:
+        >>> WorkflowRetry(uuid.UUID(int=1), [uuid.UUID(int=1)], [uuid.UUID(int=2)], []).waiting
+        [UUID('00000000-0000-0000-0000-000000000002')]
+    """
+
+    id: uuid.UUID
+    requeued: list[uuid.UUID]
+    waiting: list[uuid.UUID]
+    skipped: list[uuid.UUID]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class JobResult:
     """Where a job stands and what it returned: ``value`` is its handler's return value
     once it ``succeeded`` (``None`` before, or when the handler returned ``None``);

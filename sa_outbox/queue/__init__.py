@@ -33,6 +33,7 @@ from ..ops._results import (
     RejectedEvent,
     RetriedJobs,
     RetryResult,
+    WorkflowRetry,
 )
 from ._control import AsyncQueueControl, PausedQueue, QueueControl
 from ._inbox import AsyncInbox, Inbox
@@ -103,6 +104,7 @@ __all__ = [
     "ThroughputMinute",
     "WorkerJobs",
     "WorkflowJob",
+    "WorkflowRetry",
     "WorkflowSummary",
     "WorkflowsStatus",
     "as_plain",

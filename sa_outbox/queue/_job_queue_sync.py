@@ -25,6 +25,7 @@ from ..ops._results import (
     ReclaimedJob,
     RetriedJobs,
     RetryResult,
+    WorkflowRetry,
 )
 from ..schema import JobStatus
 from ._copy import copy_jobs_sync
@@ -454,6 +455,26 @@ class JobQueue(JobQueueBase):
         if self._deps is not None:  # waiting jobs too, and what waits for the cancelled
             return run(conn, self._deps.cancel(self._ops, ids, notify_done=announce))
         return run(conn, self._ops.cancel(ids, notify_done=announce))
+
+    def retry_workflow(self, conn: SyncConn, job_id: uuid.UUID | str) -> WorkflowRetry:
+        """Run again what failed or was cancelled in the workflow of ``job_id`` (any job of
+        it), in the caller's transaction (``dependencies=`` needed).
+
+        A failed or cancelled job whose parents all succeeded (or the job that started the
+        workflow) goes back to ``pending`` now with all its attempts (``last_error`` kept;
+        a unique job only if its key is free, else `WorkflowRetry.skipped`). One whose
+        parents did not all succeed waits again, out of the job table, and is decided anew
+        when they finish: the dependants cancelled because a parent failed run once it
+        succeeds. Jobs that succeeded are never run again; a cancelled job its worker is
+        still stopping is left until it has stopped.
+
+        Examples:
+            with engine.begin() as conn:
+                retry = queue.retry_workflow(conn, failed_job_id)
+            retry.requeued, retry.waiting
+        """
+        deps = self._dependency_ops("retry_workflow")
+        return run(conn, deps.retry_workflow(self._ops, as_uuid(job_id, "job id")))
 
     def prune(
         self,

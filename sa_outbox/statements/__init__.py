@@ -187,13 +187,18 @@ from ._partitions import (
 )
 from ._queue_pause import pause_queue, resume_queue, select_paused_queues
 from ._workflows import (
+    RETRIED_STATES,
     WORKFLOW_OUTCOMES,
     WORKFLOW_STATES,
     count_waiting_dependants,
     count_workflows_by_state,
+    delete_released_jobs,
+    lock_workflow_retries,
+    requeue_workflow_jobs,
     select_workflow,
     select_workflow_of,
     select_workflows,
+    wait_again,
 )
 
 __all__ = [
@@ -225,6 +230,7 @@ __all__ = [
     "RESULT_IDS",
     "RESULT_STEP",
     "RESULT_TEXTS",
+    "RETRIED_STATES",
     "SIGNAL_PREFIX",
     "UNIQUE_ENQUEUE_PARAMETERS",
     "WAIT_PREFIX",
@@ -262,6 +268,7 @@ __all__ = [
     "count_workflows_by_state",
     "create_partition",
     "create_table_like",
+    "delete_released_jobs",
     "detach_partition",
     "done_channel",
     "done_payloads",
@@ -298,6 +305,7 @@ __all__ = [
     "lock_partition",
     "lock_waiting",
     "lock_waiting_parents",
+    "lock_workflow_retries",
     "mark_event_published",
     "mark_events_published",
     "move_rows",
@@ -331,6 +339,7 @@ __all__ = [
     "release_jobs",
     "requeue_failed_jobs",
     "requeue_parked_events",
+    "requeue_workflow_jobs",
     "resume_queue",
     "retry_failed_jobs",
     "retry_job",
@@ -368,6 +377,7 @@ __all__ = [
     "table_stats",
     "vacuum_candidates",
     "vacuum_table",
+    "wait_again",
     "waiting_page",
     "workers_holding_jobs",
     "xmin_holders",

@@ -10,19 +10,25 @@ from sqlalchemy import (
     DateTime,
     Select,
     Text,
+    Update,
     Uuid,
     case,
+    delete,
     distinct,
     func,
     literal,
     null,
+    or_,
     select,
     union_all,
+    update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql.dml import ReturningDelete
 
+from .._clock import Clock
 from ..schema import JobStatus
-from ._common import table_of
+from ._common import now_of, table_of, uuid_array
 
 #: The states a workflow's jobs are counted in (``waiting``: not in the job table yet).
 WORKFLOW_STATES = ("waiting", *(status.value for status in JobStatus))
@@ -196,4 +202,120 @@ def select_workflow(jobs: object, deps: object, workflow_id: uuid.UUID) -> Selec
         )
         .select_from(members.outerjoin(t, t.c.id == members.c.job_id))
         .order_by(members.c.added.asc().nulls_first(), members.c.job_id)
+    )
+
+
+#: The states a workflow's retry sends back (a job stopping, still held by its worker, is
+#: left until it has stopped).
+RETRIED_STATES = (JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def _retriable(t: Any) -> Any:
+    return t.c.status.in_(RETRIED_STATES) & t.c.lease_until.is_(None)
+
+
+def lock_workflow_retries(jobs: object, deps: object, workflow_id: uuid.UUID) -> Select[Any]:
+    """The jobs of a workflow that its retry sends back, locked ``FOR UPDATE``: the failed
+    and cancelled ones no worker holds, with ``id, status``, ``parents_succeeded`` (every
+    job it waited for succeeded, or it waited for none: it can run again now) and
+    ``unique`` (it has a unique key, whose guard decides).
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobDependencyMixin, JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
+        >>> stmt = lock_workflow_retries(Job, JobDependency, uuid.UUID(int=1))
+        >>> list(stmt.selected_columns.keys())
+        ['id', 'status', 'parents_succeeded', 'unique']
+    """
+    t, d = table_of(jobs), table_of(deps)
+    parent = t.alias("parent")
+    each = func.unnest(d.c.parents).table_valued("id").render_derived(name="parent_ids")
+    unsettled = (
+        select(func.count())
+        .select_from(each.outerjoin(parent, parent.c.id == each.c.id))
+        .where(parent.c.status.is_distinct_from(JobStatus.SUCCEEDED))
+        .scalar_subquery()
+    )
+    members = select(d.c.job_id).where(d.c.workflow_id == workflow_id)
+    return (
+        select(
+            t.c.id,
+            t.c.status,
+            (func.coalesce(unsettled, 0) == 0).label("parents_succeeded"),
+            t.c.unique_key.is_not(None).label("unique"),
+        )
+        .select_from(t.outerjoin(d, d.c.job_id == t.c.id))
+        .where(or_(t.c.id == workflow_id, t.c.id.in_(members)), _retriable(t))
+        .order_by(t.c.id)
+        .with_for_update(of=t)
+    )
+
+
+def requeue_workflow_jobs(
+    jobs: object, ids: list[uuid.UUID], *, clock: Clock | None = None
+) -> Update:
+    """Send these failed or cancelled jobs (`lock_workflow_retries`) back to ``pending``
+    now, with all their attempts; ``last_error`` is kept for the record. Returns ``id,
+    queue`` of each.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> "lease_until IS NULL" in str(requeue_workflow_jobs(Job, [uuid.UUID(int=1)]))
+        True
+    """
+    t = table_of(jobs)
+    now = now_of(clock)
+    return (
+        update(t)
+        .where(t.c.id == func.any(uuid_array(ids)), _retriable(t))
+        .values(status=JobStatus.PENDING, attempts=0, run_at=now, updated_at=now)
+        .returning(t.c.id, t.c.queue)
+    )
+
+
+def delete_released_jobs(jobs: object, ids: list[uuid.UUID]) -> ReturningDelete[Any]:
+    """Take these failed or cancelled jobs out of the job table, for `wait_again`: their
+    values are still in their dependency row, which inserts them when released. Returns
+    the ids deleted.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class Job(JobMixin, Base): __tablename__ = "jobs"
+        >>> str(delete_released_jobs(Job, [uuid.UUID(int=1)])).startswith("DELETE FROM jobs")
+        True
+    """
+    t = table_of(jobs)
+    return delete(t).where(t.c.id == func.any(uuid_array(ids)), _retriable(t)).returning(t.c.id)
+
+
+def wait_again(deps: object, ids: list[uuid.UUID]) -> Update:
+    """Make these released dependants wait again (``released_at`` back to ``NULL``): the
+    release decides them anew once their parents finish. Returns the ids.
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobDependencyMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class JobDependency(JobDependencyMixin, Base): __tablename__ = "job_dependencies"
+        >>> "released_at=NULL" in str(wait_again(JobDependency, [uuid.UUID(int=1)]))
+        True
+    """
+    d = table_of(deps)
+    return (
+        update(d)
+        .where(d.c.job_id == func.any(uuid_array(ids)), d.c.released_at.is_not(None))
+        .values(released_at=null())
+        .returning(d.c.job_id)
     )
