@@ -205,3 +205,25 @@ def test_the_prometheus_gauges_count_the_waiting_jobs_and_optionally_the_states(
         assert full.get_sample_value("sa_outbox_workflows", {"state": state}) == 1
     with pytest.raises(Exception, match="needs jobs= too"):
         QueueStatusCollector(engine, dependencies=JobDependency)
+
+
+def test_jobs_show_prints_a_jobs_steps_and_result_with_the_steps_table(
+    engine: Engine,
+    dag_queue: JobQueue,
+    make_worker: Callable[..., Worker],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ids = diamond(engine, dag_queue)
+    make_worker(dag_app([])).drain()
+    steps = ["--steps-table", f"{TEST_SCHEMA}.job_steps"]
+    assert main(["jobs", "show", str(ids["d"]), *TABLES[:2], *steps]) == 0
+    out = capsys.readouterr().out
+    assert "\nsteps (1)\n" in out
+    [row] = [line for line in out.splitlines() if line.startswith("@result")]
+    assert '{"name": "d", "after": ["b", "c"]}' in row  # as jsonb orders keys
+    assert main(["jobs", "show", str(ids["d"]), *TABLES[:2], *steps, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [step["name"] for step in shown["steps"]] == ["@result"]
+    assert shown["steps"][0]["result"] == {"name": "d", "after": ["b", "c"]}
+    assert main(["jobs", "show", str(ids["d"]), *TABLES[:2]]) == 0  # no steps table: as before
+    assert "steps (" not in capsys.readouterr().out

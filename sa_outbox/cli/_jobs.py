@@ -14,7 +14,15 @@ from sqlalchemy import Table
 
 from .._exceptions import SaOutboxError
 from .._human import moment
-from ..queue import EnqueueResult, JobQueue, get_job, kind_exists, list_jobs, retry_failed
+from ..queue import (
+    EnqueueResult,
+    JobQueue,
+    get_job,
+    get_job_steps,
+    kind_exists,
+    list_jobs,
+    retry_failed,
+)
 from ..schema import JobStatus
 from ..statements import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, Unique
 from ._common import (
@@ -26,7 +34,15 @@ from ._common import (
     parse_duration,
 )
 from ._render import as_json, format_record, format_retried, listed_ids, table
-from ._targets import add_job_target, add_json_and_target, connection, job_id, job_table
+from ._targets import (
+    add_job_target,
+    add_json_and_target,
+    add_steps_target,
+    connection,
+    job_id,
+    job_table,
+    steps_table,
+)
 
 
 def _add_jobs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -139,6 +155,7 @@ example:
 _SHOW_EXAMPLE = """\
 example:
   sa-outbox jobs show 0b0e6c1e-3f4a-4c9e-9d1e-2f8a3b4c5d6e --model myapp.models:Job
+  sa-outbox jobs show 0b0e6c1e-… --jobs-table public.jobs --steps-table public.job_steps
 """
 
 _RETRY_EXAMPLE = """\
@@ -184,10 +201,14 @@ def _add_show(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         actions,
         "show",
         help="print one job: every column, the payload and the whole last error",
-        description="Print every column of one job, its payload and its whole last error.",
+        description=(
+            "Print every column of one job, its payload and its whole last error; with "
+            "--steps-table, its durable steps, its result, sleeps and signals too."
+        ),
         epilog=_SHOW_EXAMPLE,
     )
     parser.add_argument("id", metavar="ID", type=job_id, help="the job's id")
+    add_steps_target(parser)
     add_json_and_target(parser, add_job_target, json_help="print a JSON object instead")
     parser.set_defaults(handler=_show)
 
@@ -506,11 +527,26 @@ def _show(args: argparse.Namespace) -> int:
         jobs = job_table(args, conn)
         assert jobs is not None
         found = get_job(conn, jobs, args.id)
+        steps_of = steps_table(args, conn)
+        steps = None if steps_of is None else get_job_steps(conn, steps_of, args.id)
     if found is None:
         raise CommandError(f"no job {args.id} in {jobs.fullname}")
-    long = ("payload", "headers", "last_error")
-    print(as_json(found) if args.json else format_record(found, long=long))
+    if args.json:
+        print(as_json(found if steps is None else {**found, "steps": steps}))
+        return 0
+    print(format_record(found, long=("payload", "headers", "last_error")))
+    if steps is not None:
+        print(f"\nsteps ({len(steps)})")
+        if steps:
+            rows = [[step.name, moment(step.created_at), _short(step.result)] for step in steps]
+            print(table(["name", "recorded (UTC)", "result"], rows))
     return 0
+
+
+def _short(value: object, width: int = 60) -> str:
+    """A step's result as one line of JSON, cut at ``width`` characters."""
+    text = as_json(value).replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _retry(args: argparse.Namespace) -> int:

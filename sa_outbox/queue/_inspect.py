@@ -43,6 +43,7 @@ __all__ = [
     "EventRow",
     "JobCount",
     "JobRow",
+    "JobStepRow",
     "JobsStatus",
     "OutboxStatus",
     "QueueDepth",
@@ -54,6 +55,7 @@ __all__ = [
     "as_plain",
     "get_event",
     "get_job",
+    "get_job_steps",
     "kind_exists",
     "list_events",
     "list_jobs",
@@ -397,6 +399,34 @@ def get_job(conn: Connection, jobs: object, job_id: object) -> dict[str, Any] | 
     if found.get("unique_states") is not None:  # a unique job's states, as their names
         found["unique_states"] = [str(state) for state in found["unique_states"]]
     return found
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStepRow:
+    """One row a job has in the steps table: a durable step's ``name`` and what it
+    returned, or the library's own (``@result``, a sleep, a signal), and when it was
+    recorded.
+
+    Examples:
+        >>> JobStepRow("charge", {"charge_id": "ch_1"}, None).name
+        'charge'
+    """
+
+    name: str
+    result: Any
+    created_at: dt.datetime | None
+
+
+def get_job_steps(conn: Connection, steps: object, job_id: object) -> list[JobStepRow]:
+    """A job's rows in the steps table (`JobStepMixin`), in the order they were recorded.
+
+    Examples:
+        with engine.connect() as conn:
+            for step in get_job_steps(conn, JobStep, job_id):
+                print(step.name, step.result)
+    """
+    wanted = as_uuid(job_id, "job id")
+    return [JobStepRow(*row) for row in conn.execute(st.list_job_steps(steps, wanted))]
 
 
 def kind_exists(conn: Connection, jobs: object, kind: str) -> bool:

@@ -125,6 +125,7 @@ from ._job_settle import (
 from ._job_steps import (
     SIGNAL_PREFIX,
     WAIT_PREFIX,
+    list_job_steps,
     lock_held_job,
     lock_job,
     record_job_sleep,
@@ -296,6 +297,7 @@ __all__ = [
     "job_statuses",
     "job_throughput_by_minute",
     "latest_deduplication_key",
+    "list_job_steps",
     "list_partitions",
     "listen_sql",
     "lock_claim_limits",

@@ -42,6 +42,27 @@ def select_job_steps(steps: object, job_id: object) -> Select[tuple[str, Any]]:
     return select(s.c.name, s.c.result).where(s.c.job_id == job_id)
 
 
+def list_job_steps(steps: object, job_id: object) -> Select[Any]:
+    """Every row one job has in the steps table, in the order they were recorded: ``name,
+    result, created_at`` (its durable steps, its ``@result``, sleeps and signals).
+
+    Examples:
+        >>> import uuid
+        >>> from sqlalchemy.orm import DeclarativeBase
+        >>> from sa_outbox.schema import JobStepMixin
+        >>> class Base(DeclarativeBase): pass
+        >>> class JobStep(JobStepMixin, Base): __tablename__ = "job_steps"
+        >>> "ORDER BY job_steps.created_at" in str(list_job_steps(JobStep, uuid.UUID(int=1)))
+        True
+    """
+    s = table_of(steps)
+    return (
+        select(s.c.name, s.c.result, s.c.created_at)
+        .where(s.c.job_id == job_id)
+        .order_by(s.c.created_at, s.c.name)
+    )
+
+
 def record_job_step(
     jobs: object, steps: object, job_id: object, token: object, name: str, result_json: str
 ) -> Insert:
