@@ -24,6 +24,7 @@ from sqlalchemy.orm import (
 from sa_outbox import (
     Backoff,
     FakeClock,
+    JobApp,
     JobDataclassMixin,
     JobMixin,
     JobQueue,
@@ -33,6 +34,7 @@ from sa_outbox import (
     OutboxMixin,
 )
 from sa_outbox import statements as st
+from sa_outbox.schema import JobDependencyDataclassMixin, JobStepDataclassMixin
 
 from .conftest import TEST_SCHEMA, Job
 
@@ -242,3 +244,40 @@ def test_the_dataclass_mixins_keep_their_column_order_whatever_the_hash_seed() -
     }
     assert len(seen) == 1, seen
     assert seen.pop().rstrip().endswith("['source', 'message_id']")
+
+
+def test_a_workflow_runs_on_the_dataclass_mixins_of_every_table(
+    engine: Engine, schema: str, make_worker: Any
+) -> None:
+    # A MappedAsDataclass base refuses a plain mixin's columns: the steps and dependencies
+    # tables have dataclass variants too, and a worker runs a workflow on them.
+    class Base(MappedAsDataclass, DeclarativeBase):
+        pass
+
+    class FlowJob(JobDataclassMixin, Base):
+        __tablename__ = "jobs"
+        __table_schema__ = schema
+
+    class FlowStep(JobStepDataclassMixin, Base):
+        __tablename__ = "job_steps"
+        __table_schema__ = schema
+
+    class FlowDependency(JobDependencyDataclassMixin, Base):
+        __tablename__ = "job_dependencies"
+        __table_schema__ = schema
+
+    Base.metadata.create_all(engine)
+    app = JobApp(FlowJob, steps=FlowStep, dependencies=FlowDependency)
+    app.register("first", lambda job: job.step("count", lambda: 2))
+    app.register("second", lambda job: sum(r for r in job.parent_results().values()) + 1)
+    queue = JobQueue(FlowJob, steps=FlowStep, dependencies=FlowDependency)
+    with engine.begin() as conn:
+        first = queue.enqueue(conn, "first", {}).id
+        second = queue.enqueue(conn, "second", {}, after=[first]).id
+    assert make_worker(app).drain(timeout=20) == 2
+    with engine.connect() as conn:
+        found = queue.read_result(conn, second)
+        steps = conn.execute(select(FlowStep.name).order_by(FlowStep.name)).scalars().all()
+    assert found is not None and found.value == 3
+    assert steps == ["@result", "@result", "count"]
+    assert FlowStep(job_id=uuid.UUID(int=1), name="n", result=None).name == "n"

@@ -12,10 +12,12 @@ fields. Table names are the user's (``__tablename__``); a schema is set with
 name: ``{table}_ready_idx``, ``{table}_dedup_idx``, …
 
 Beside the jobs and the outbox: `QueuePauseMixin` (the table of paused queues),
-`RateLimitLogMixin` (the recent claims that rate limits count), `JobStepMixin` (durable
-steps' recorded results), `JobDependencyMixin` (jobs waiting for other jobs), and `InboxMixin` /
+`RateLimitLogMixin` (the recent claims that rate limits count), `JobStepMixin` /
+`JobStepDataclassMixin` (durable steps' recorded results), `JobDependencyMixin` /
+`JobDependencyDataclassMixin` (jobs waiting for other jobs), and `InboxMixin` /
 `InboxDataclassMixin` (a consumer's table of the messages it handled, keyed by
-``(source, message_id)``).
+``(source, message_id)``). A dataclass variant's field defaults are the constructor's: the
+columns' defaults stay the server's, as in the plain mixins.
 
 Examples:
     >>> from sqlalchemy.orm import DeclarativeBase
@@ -32,8 +34,8 @@ Examples:
 """
 
 from ._columns import inbox_table_args, job_table_args, outbox_table_args
-from ._job_dependencies import ON_FAILURE, JobDependencyMixin
-from ._job_steps import JobStepMixin
+from ._job_dependencies import ON_FAILURE, JobDependencyDataclassMixin, JobDependencyMixin
+from ._job_steps import JobStepDataclassMixin, JobStepMixin
 from ._mixins import (
     InboxDataclassMixin,
     InboxMixin,
@@ -61,9 +63,11 @@ __all__ = [
     "InboxDataclassMixin",
     "InboxMixin",
     "JobDataclassMixin",
+    "JobDependencyDataclassMixin",
     "JobDependencyMixin",
     "JobMixin",
     "JobStatus",
+    "JobStepDataclassMixin",
     "JobStepMixin",
     "OutboxDataclassMixin",
     "OutboxMixin",

@@ -128,7 +128,12 @@ def _column(specs: dict[str, _Spec], name: str, *, dataclass: bool = False) -> A
     options.setdefault("nullable", name in _NULLABLE)
     if dataclass:
         options.update(dc_kwargs)
-    return mapped_column(*args, **options)
+    mapped = mapped_column(*args, **options)
+    # A dataclass field's default is the constructor's only. SQLAlchemy also makes it the
+    # column's Python-side INSERT default, a parameter the library's statements (their
+    # parameters computed once) would not pass; the server's default gives the same value.
+    mapped.column.default = None
+    return mapped
 
 
 _NULLABLE = frozenset(

@@ -8,11 +8,28 @@ from typing import Any, ClassVar
 
 from sqlalchemy import DateTime, Index, Text, Uuid, func, text
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.orm import Mapped, declared_attr, mapped_column
+from sqlalchemy.orm import Mapped, declared_attr
+
+from ._columns import _NO_INIT, _column, _Spec
+from ._mixins import _dataclass_variant
 
 #: What a dependant does when a job it waits for fails or is cancelled: it is cancelled,
 #: it fails, or it runs anyway once every job it waits for has finished.
 ON_FAILURE = ("cancel", "fail", "run")
+
+_DEPENDENCY_COLUMNS: dict[str, _Spec] = {
+    "job_id": (Uuid, {"primary_key": True}, {}),
+    "workflow_id": (Uuid, {"nullable": False}, {}),
+    "parents": (lambda: ARRAY(Uuid), {"nullable": False}, {}),
+    "on_failure": (Text, {"nullable": False}, {}),
+    "job": (JSONB, {"nullable": False}, {}),
+    "released_at": (lambda: DateTime(timezone=True), {"nullable": True}, {"default": None}),
+    "created_at": (
+        lambda: DateTime(timezone=True),
+        {"nullable": False, "server_default": func.now()},
+        _NO_INIT,
+    ),
+}
 
 
 class JobDependencyMixin:
@@ -47,20 +64,18 @@ class JobDependencyMixin:
     __table_schema__: ClassVar[str | None] = None
 
     #: The id the job has (in the job table once released).
-    job_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    job_id: Mapped[uuid.UUID] = _column(_DEPENDENCY_COLUMNS, "job_id")
     #: The workflow it joined: the id of the job that started it (its first parent's).
-    workflow_id: Mapped[uuid.UUID] = mapped_column(Uuid, nullable=False)
+    workflow_id: Mapped[uuid.UUID] = _column(_DEPENDENCY_COLUMNS, "workflow_id")
     #: The jobs it waits for.
-    parents: Mapped[list[uuid.UUID]] = mapped_column(ARRAY(Uuid), nullable=False)
+    parents: Mapped[list[uuid.UUID]] = _column(_DEPENDENCY_COLUMNS, "parents")
     #: ``cancel``, ``fail`` or ``run``: what a parent that did not succeed does to it.
-    on_failure: Mapped[str] = mapped_column(Text, nullable=False)
+    on_failure: Mapped[str] = _column(_DEPENDENCY_COLUMNS, "on_failure")
     #: The job's values (kind, queue, payload, …) until it is released.
-    job: Mapped[Any] = mapped_column(JSONB, nullable=False)
+    job: Mapped[Any] = _column(_DEPENDENCY_COLUMNS, "job")
     #: When it went into the job table; ``NULL`` while it waits.
-    released_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[dt.datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    released_at: Mapped[dt.datetime | None] = _column(_DEPENDENCY_COLUMNS, "released_at")
+    created_at: Mapped[dt.datetime] = _column(_DEPENDENCY_COLUMNS, "created_at")
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:
@@ -82,3 +97,20 @@ class JobDependencyMixin:
             Index(f"{name}_workflow_idx", "workflow_id"),
         )
         return (*indexes, {}) if schema is None else (*indexes, {"schema": schema})
+
+
+JobDependencyDataclassMixin = _dataclass_variant(
+    JobDependencyMixin,
+    _DEPENDENCY_COLUMNS,
+    """`JobDependencyMixin` for a ``MappedAsDataclass`` base.
+
+    Examples:
+        >>> from sqlalchemy.orm import DeclarativeBase, MappedAsDataclass
+        >>> class Base(MappedAsDataclass, DeclarativeBase):
+        ...     pass
+        >>> class JobDependency(JobDependencyDataclassMixin, Base):
+        ...     __tablename__ = "job_dependencies"
+        >>> sorted(i.name for i in JobDependency.__table__.indexes)[0]
+        'job_dependencies_parents_idx'
+    """,
+)

@@ -8,7 +8,21 @@ from typing import Any, ClassVar
 
 from sqlalchemy import DateTime, Text, Uuid, func
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import Mapped, declared_attr, mapped_column
+from sqlalchemy.orm import Mapped, declared_attr
+
+from ._columns import _NO_INIT, _column, _Spec
+from ._mixins import _dataclass_variant
+
+_STEP_COLUMNS: dict[str, _Spec] = {
+    "job_id": (Uuid, {"primary_key": True}, {}),
+    "name": (Text, {"primary_key": True}, {}),
+    "result": (lambda: JSONB(none_as_null=False), {"nullable": False}, {}),
+    "created_at": (
+        lambda: DateTime(timezone=True),
+        {"nullable": False, "server_default": func.now()},
+        _NO_INIT,
+    ),
+}
 
 
 class JobStepMixin:
@@ -35,15 +49,30 @@ class JobStepMixin:
     #: The schema of the table; ``None`` takes the metadata's default schema.
     __table_schema__: ClassVar[str | None] = None
 
-    job_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
-    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    job_id: Mapped[uuid.UUID] = _column(_STEP_COLUMNS, "job_id")
+    name: Mapped[str] = _column(_STEP_COLUMNS, "name")
     #: What the step returned, as JSON (``null`` for ``None``).
-    result: Mapped[Any] = mapped_column(JSONB(none_as_null=False), nullable=False)
-    created_at: Mapped[dt.datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, server_default=func.now()
-    )
+    result: Mapped[Any] = _column(_STEP_COLUMNS, "result")
+    created_at: Mapped[dt.datetime] = _column(_STEP_COLUMNS, "created_at")
 
     @declared_attr.directive
     def __table_args__(cls) -> dict[str, Any]:
         schema = cls.__dict__.get("__table_schema__", getattr(cls, "__table_schema__", None))
         return {} if schema is None else {"schema": schema}
+
+
+JobStepDataclassMixin = _dataclass_variant(
+    JobStepMixin,
+    _STEP_COLUMNS,
+    """`JobStepMixin` for a ``MappedAsDataclass`` base.
+
+    Examples:
+        >>> from sqlalchemy.orm import DeclarativeBase, MappedAsDataclass
+        >>> class Base(MappedAsDataclass, DeclarativeBase):
+        ...     pass
+        >>> class JobStep(JobStepDataclassMixin, Base):
+        ...     __tablename__ = "job_steps"
+        >>> [c.name for c in JobStep.__table__.columns]
+        ['job_id', 'name', 'result', 'created_at']
+    """,
+)
