@@ -372,6 +372,71 @@ def test_autogenerate_upgrade_and_downgrade(
     assert_removed(pg, schemas.home)
 
 
+WORKFLOW_MODELS = """\
+from sqlalchemy.orm import DeclarativeBase{dc_import}
+
+from sa_outbox.schema import {job}, {step}, {dependency}
+
+
+class Base({dc_base}DeclarativeBase):
+    pass
+
+
+class Job({job}, Base):
+    __tablename__ = "jobs"
+
+
+class JobStep({step}, Base):
+    __tablename__ = "job_steps"
+
+
+class JobDependency({dependency}, Base):
+    __tablename__ = "job_dependencies"
+"""
+
+
+@pytest.mark.parametrize("models", ["plain", "dataclass"])
+def test_autogenerate_creates_the_workflow_tables_and_then_finds_nothing(
+    make_project: Callable[..., Project], pg: Engine, schemas: Schemas, models: str
+) -> None:
+    # The steps and dependencies tables are plain tables: op.create_table with their
+    # indexes (the GIN one with fastupdate off), and nothing left to do once applied.
+    names = ("Job", "JobStep", "JobDependency")
+    mixins = [f"{name}{'Dataclass' if models == 'dataclass' else ''}Mixin" for name in names]
+    project = make_project(
+        WORKFLOW_MODELS.format(
+            dc_import=", MappedAsDataclass" if models == "dataclass" else "",
+            dc_base="MappedAsDataclass, " if models == "dataclass" else "",
+            job=mixins[0],
+            step=mixins[1],
+            dependency=mixins[2],
+        )
+    )
+    first = project.autogenerate("workflow tables")
+    upgrade = "\n".join(statements(first, "upgrade"))
+    assert "op.create_job_queue('jobs')" in upgrade
+    assert "op.create_table('job_steps'" in upgrade
+    assert "op.create_table('job_dependencies'" in upgrade
+    assert "postgresql_using='gin', postgresql_with={'fastupdate': 'off'}" in upgrade
+    assert "postgresql_where=sa.text('released_at IS NULL')" in upgrade
+    project.upgrade()
+    assert {"jobs", "job_steps", "job_dependencies"} <= tables(pg, schemas.home)
+    with pg.connect() as connection:
+        gin = connection.execute(
+            text(
+                "SELECT indexdef FROM pg_indexes WHERE schemaname = :schema "
+                "AND indexname = 'job_dependencies_parents_idx'"
+            ),
+            {"schema": schemas.home},
+        ).scalar_one()
+    assert "USING gin (parents) WITH (fastupdate=off)" in gin
+    command.check(project.config)  # no difference left
+    second = project.autogenerate("nothing to do")
+    assert statements(second, "upgrade") == ["pass"]
+    project.downgrade()
+    assert not {"job_steps", "job_dependencies"} & tables(pg, schemas.home)
+
+
 def test_the_readme_env_py_takes_the_url_from_database_url(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
