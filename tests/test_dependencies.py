@@ -35,6 +35,7 @@ from sa_outbox import (
 from sa_outbox.schema import JobDependencyMixin
 from sa_outbox.statements import PARENT_FAILED
 from sa_outbox.worker import JobResults
+from sa_outbox.worker._core import SWEEP_INTERVAL
 
 from . import worker_app
 from .conftest import TEST_SCHEMA, Job
@@ -303,6 +304,57 @@ def test_the_sweep_releases_what_a_lost_release_left_waiting(
     assert worker.release_dependants() == 1
     assert job_row(engine, child).status == "pending" and waiting(engine) == 0
     assert worker.release_dependants() == 0
+
+
+def test_the_keeper_sweeps_at_start_after_a_reclaim_and_every_sweep_interval(
+    engine: Engine, dag_queue: JobQueue, clock: Any, make_worker: Callable[..., Worker]
+) -> None:
+    """A sweep reads every waiting row: the keeper's reclaim pass runs one when the worker
+    starts, when the reclaimer found a dead worker's leases, and every `SWEEP_INTERVAL`;
+    not at every pass (the fake clock drives the worker's timer and the SQL)."""
+    plain = JobQueue(Job, clock=clock)  # no dependencies: completes without releasing
+
+    def lost_release() -> uuid.UUID:
+        with engine.begin() as conn:
+            parent = dag_queue.enqueue(conn, "parent", {}).id
+            child = dag_queue.enqueue(conn, "node", {"name": "child"}, after=[parent]).id
+        with engine.begin() as conn:
+            [claimed] = plain.claim(conn, worker_id="crashed", kinds=["parent"], batch=1)
+            assert claimed.id == parent
+            plain.complete(conn, claimed.id, claimed.lease_token)
+        assert child is not None
+        return child
+
+    worker = make_worker(dag_app([]))
+    sweeps: list[int] = []
+    sweep = worker.release_dependants
+
+    def counted() -> int:
+        sweeps.append(sweep())
+        return sweeps[-1]
+
+    worker.release_dependants = counted  # type: ignore[method-assign]
+    first = lost_release()
+    worker._repair()  # the first pass: a sweep
+    assert sweeps == [1] and job_row(engine, first).status == "pending"
+    second = lost_release()
+    worker._repair()  # nothing reclaimed, the interval not over: no sweep
+    assert sweeps == [1] and waiting(engine) == 1
+
+    with engine.begin() as conn:  # a worker dies holding a job: its lease expires
+        plain.enqueue(conn, "gone", {})
+        plain.claim(conn, worker_id="dead", kinds=["gone"], lease=10)
+    clock.advance(11)
+    worker._repair()
+    assert sweeps == [1, 1] and job_row(engine, second).status == "pending"
+
+    third = lost_release()
+    clock.advance(SWEEP_INTERVAL - 1)
+    worker._repair()
+    assert sweeps == [1, 1] and waiting(engine) == 1
+    clock.advance(1)
+    worker._repair()
+    assert sweeps == [1, 1, 1] and job_row(engine, third).status == "pending"
 
 
 def test_pruning_takes_a_jobs_dependency_row_and_keeps_what_others_wait_for(

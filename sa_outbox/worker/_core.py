@@ -153,6 +153,7 @@ class Core:
         )
         self.to_release: list[uuid.UUID] = []  # finished jobs whose dependants wait (`note_ended`)
         self.to_release_since: float | None = None
+        self.swept_at: float | None = None  # the keeper's last sweep (`sweep_due`)
         limits = app.limits
         #: What this worker's claims ask for (the batch aside: `claim_params_for`).
         self.claim_params = ClaimParams(
@@ -681,6 +682,23 @@ class Core:
         yield from self._announce(released)
         return len(released)
 
+    def sweep_due(self, now: float, reclaimed: int) -> bool:
+        """Whether the keeper sweeps the waiting jobs now (`sweep_op`): at its first pass (a
+        worker killed before this one started may have lost a release), after a reclaim
+        that found ``reclaimed`` expired leases (a worker died: so may its last releases
+        have been), and every `SWEEP_INTERVAL` seconds otherwise (a death that left no
+        lease behind). A sweep reads every waiting row: not at every reclaim."""
+        if self.dependencies is None:
+            return False
+        if self.swept_at is not None and not reclaimed and now < self.swept_at + SWEEP_INTERVAL:
+            return False
+        self.swept_at = now
+        return True
+
+    def sweep_soon(self) -> None:
+        """Make the keeper's next pass sweep (a release failed: its jobs wait for it)."""
+        self.swept_at = None
+
     def sweep_op(self, after: uuid.UUID | None) -> Op[tuple[int, uuid.UUID | None]]:
         """One page of the sweep of the waiting jobs (`DependencyOps.sweep_page`)."""
         assert self.dependencies is not None
@@ -860,6 +878,8 @@ class Core:
 #: after `RELEASE_DELAY` seconds, or when it has nothing else to run (`Core.release_due`).
 RELEASE_BATCH = 1000
 RELEASE_DELAY = 0.05
+#: The longest a keeper goes without sweeping the waiting jobs (`Core.sweep_due`).
+SWEEP_INTERVAL = 600.0
 
 #: The outcomes after which a job is finished (what waiters for results wait for).
 _FINISHED = frozenset({JobOutcome.SUCCEEDED, JobOutcome.FAILED, JobOutcome.CANCELLED})

@@ -379,13 +379,14 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
         # After the writes' commits, in a transaction of its own: it sees every write that
         # committed before it began, so of two workers finishing the last two jobs another
         # waits for, the later one's release finds both. A release that fails is left to
-        # the keeper's sweep (`release_dependants`).
+        # the keeper's next sweep (`release_dependants`).
         try:
             await self._database("release", lambda: self.core.release_op(parents))
         except Exception as exc:
+            self.core.sweep_soon()
             log.warning(
                 "%s %s: releasing the jobs that wait for %d finished jobs failed (%s: %s); "
-                "the keeper's sweep will",
+                "the keeper's next sweep will",
                 self.name,
                 self.worker_id,
                 len(parents),
@@ -673,9 +674,10 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
 
     async def release_dependants(self) -> int:
         """Sweep the jobs that wait for others (``JobApp(dependencies=)``): release each one
-        its parents now decide; returns how many were released. The keeper runs it with the
-        reclaimer: it releases what a worker killed between a write and its release left
-        waiting.
+        its parents now decide; returns how many were released. The keeper runs it when
+        the worker starts, after a reclaim that found expired leases (a worker died), after
+        a release that failed, and every 10 minutes: it releases what a worker killed
+        between a write and its release left waiting.
 
         Examples:
             await worker.release_dependants()
@@ -692,8 +694,9 @@ class AsyncWorker(DriverBase["AsyncEngine"]):
                 return total
 
     async def _repair(self) -> None:
-        await self.reclaim()
-        await self.release_dependants()
+        reclaimed = await self.reclaim()
+        if self.core.sweep_due(self.core.timer(), len(reclaimed)):
+            await self.release_dependants()
 
     async def run_once(self, timeout: float | None = None) -> int:
         """Claim one batch, wait for its handlers (up to ``timeout``), write the results.

@@ -376,13 +376,14 @@ class Worker(DriverBase["Engine"]):
         # After the writes' commits, in a transaction of its own: it sees every write that
         # committed before it began, so of two workers finishing the last two jobs another
         # waits for, the later one's release finds both. A release that fails is left to
-        # the keeper's sweep (`release_dependants`).
+        # the keeper's next sweep (`release_dependants`).
         try:
             self._database("release", lambda: self.core.release_op(parents))
         except Exception as exc:
+            self.core.sweep_soon()
             log.warning(
                 "%s %s: releasing the jobs that wait for %d finished jobs failed (%s: %s); "
-                "the keeper's sweep will",
+                "the keeper's next sweep will",
                 self.name,
                 self.worker_id,
                 len(parents),
@@ -668,9 +669,10 @@ class Worker(DriverBase["Engine"]):
 
     def release_dependants(self) -> int:
         """Sweep the jobs that wait for others (``JobApp(dependencies=)``): release each one
-        its parents now decide; returns how many were released. The keeper runs it with the
-        reclaimer: it releases what a worker killed between a write and its release left
-        waiting.
+        its parents now decide; returns how many were released. The keeper runs it when
+        the worker starts, after a reclaim that found expired leases (a worker died), after
+        a release that failed, and every 10 minutes: it releases what a worker killed
+        between a write and its release left waiting.
 
         Examples:
             worker.release_dependants()
@@ -687,8 +689,9 @@ class Worker(DriverBase["Engine"]):
                 return total
 
     def _repair(self) -> None:
-        self.reclaim()
-        self.release_dependants()
+        reclaimed = self.reclaim()
+        if self.core.sweep_due(self.core.timer(), len(reclaimed)):
+            self.release_dependants()
 
     def run_once(self, timeout: float | None = None) -> int:
         """Claim one batch, wait for its handlers (up to ``timeout``), write the results.
