@@ -20,6 +20,8 @@ from sa_outbox.statements import NewJob
 from .conftest import Job, OutboxEvent
 from .helpers import job_row, jobs_by_status
 from .helpers_admin import database_now, finish_at
+from .test_dependencies import JobDependency, dag_app, deps_table
+from .test_steps import JobStep, steps_table
 
 pytest.importorskip("flask", reason="the dashboard needs Flask (the test extra has it)")
 pytest.importorskip("selenium", reason="the browser test needs Selenium (the test extra has it)")
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Where the screenshot of the run is kept (a test artefact; docs/img holds a copy).
 ARTEFACTS = ROOT / "tmp" / "artefacts"
 TOKEN = "browser-test-token-0123456789"
+__all__ = ["deps_table", "steps_table"]  # fixtures, used below by name
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -202,3 +205,53 @@ def jobs_running_now(engine: Engine) -> list[uuid.UUID]:
 def _body_text(browser: webdriver.Chrome) -> str:
     text = browser.execute_script("return document.body ? document.body.innerText : ''")
     return str(text)
+
+
+def test_a_failed_workflow_retried_from_its_page_in_a_browser(
+    engine: Engine, browser: webdriver.Chrome, deps_table: None
+) -> None:
+    """A diamond whose first job failed: the workflow page shows the others cancelled under
+    it; its retry button requeues it and makes them wait again; a worker finishes all."""
+    queue = JobQueue(Job, steps=JobStep, dependencies=JobDependency)
+    with engine.begin() as conn:
+        a = queue.enqueue(conn, "node", {"name": "a"}).id
+        b = queue.enqueue(conn, "node", {"name": "b"}, after=[a]).id
+        d = queue.enqueue(conn, "node", {"name": "d"}, after=[b]).id
+    app = create_app(engine, jobs=Job, steps=JobStep, dependencies=JobDependency, token=TOKEN)
+    server = make_server("127.0.0.1", 0, app)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    live = f"http://127.0.0.1:{server.server_port}"
+    try:
+        worker = Worker(dag_app([], failing={"a"}), engine, listen=False)
+        try:
+            worker.drain(timeout=60)
+        finally:
+            worker.close()
+        assert jobs_by_status(engine) == {"failed": 1, "cancelled": 2}
+        browser.get(f"{live}/?token={TOKEN}")
+        browser.find_element(By.LINK_TEXT, "Workflows").click()
+        browser.find_element(By.CSS_SELECTOR, f'tr.workflow[data-id="{a}"] a').click()
+        assert browser.current_url == f"{live}/workflows/{a}"
+        statuses = {
+            row.get_attribute("data-id"): row.find_element(By.CSS_SELECTOR, "td.status").text
+            for row in browser.find_elements(By.CSS_SELECTOR, "tr.member")
+        }
+        assert statuses == {str(a): "failed", str(b): "cancelled", str(d): "cancelled"}
+        browser.find_element(By.XPATH, "//button[starts-with(., 'retry what failed')]").click()
+        WebDriverWait(browser, 30).until(
+            lambda br: "pending" in _body_text(br) and "waiting" in _body_text(br)
+        )
+        assert job_row(engine, a).status == "pending"
+        worker = Worker(dag_app([]), engine, listen=False)
+        try:
+            assert worker.drain(timeout=60) == 3
+        finally:
+            worker.close()
+        browser.refresh()
+        cells = browser.find_elements(By.CSS_SELECTOR, "tr.member td.status")
+        assert [cell.text for cell in cells] == ["succeeded"] * 3
+        assert jobs_by_status(engine) == {"succeeded": 3}
+    finally:
+        server.shutdown()
+        thread.join()

@@ -8,12 +8,23 @@ import secrets
 
 from .._exceptions import InvalidArgument
 from ._common import CommandError, _add_command, _add_database_url, _not_negative_int
-from ._targets import add_job_target, add_outbox_target, database, job_table, outbox_table
+from ._targets import (
+    add_job_target,
+    add_outbox_target,
+    add_steps_target,
+    database,
+    dependencies_table,
+    job_table,
+    outbox_table,
+    steps_table,
+)
 
 _EXAMPLE = """\
 example:
   sa-outbox dashboard --port 8080 --model myapp.models:Job --outbox-model myapp.models:OutboxEvent
   SA_OUTBOX_DASHBOARD_TOKEN=... sa-outbox dashboard --read-only --jobs-table public.jobs
+  sa-outbox dashboard --jobs-table public.jobs --steps-table public.job_steps \
+      --dependencies-table public.job_dependencies    # steps and workflows too
 
 Every request needs the token: open the printed address (it carries ?token= once, then a
 cookie does), or send "Authorization: Bearer TOKEN". Without --token or
@@ -52,6 +63,13 @@ def _add_dashboard(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     add_job_target(parser)
     add_outbox_target(parser)
+    add_steps_target(parser)
+    parser.add_argument(
+        "--dependencies-table",
+        metavar="TABLE",
+        help="the dependencies table (JobDependencyMixin), e.g. public.job_dependencies: "
+        "pages for the workflows",
+    )
     _add_database_url(parser)
     parser.set_defaults(handler=_dashboard)
 
@@ -71,9 +89,17 @@ def _dashboard(args: argparse.Namespace) -> int:
         with engine.connect() as conn:
             jobs = job_table(args, conn)
             outbox = outbox_table(args, conn, required=False)
+            steps = steps_table(args, conn)
+            deps = None if args.dependencies_table is None else dependencies_table(args, conn)
         try:
             app = create_app(
-                engine, jobs=jobs, outbox=outbox, read_only=args.read_only, token=token
+                engine,
+                jobs=jobs,
+                outbox=outbox,
+                steps=steps,
+                dependencies=deps,
+                read_only=args.read_only,
+                token=token,
             )
         except InvalidArgument as exc:
             raise CommandError(f"--token: {exc}") from None

@@ -17,14 +17,17 @@ def create_app(
     *,
     jobs: object,
     outbox: object | None = None,
+    steps: object | None = None,
+    dependencies: object | None = None,
     read_only: bool = False,
     token: str,
 ) -> Flask:
     """A Flask app serving only the dashboard, at ``/``, to requests that carry ``token``.
 
-    A request is let in with ``Authorization: Bearer <token>``, or with the cookie a browser
-    gets by opening any page once with ``?token=<token>`` (it is then sent to the same page
-    without the token in its address). Anything else is a 403.
+    ``steps`` and ``dependencies`` are `dashboard_blueprint`'s (a job's steps, the
+    workflows' pages). A request is let in with ``Authorization: Bearer <token>``, or with
+    the cookie a browser gets by opening any page once with ``?token=<token>`` (it is then
+    sent to the same page without the token in its address). Anything else is a 403.
 
     Examples:
         >>> from sqlalchemy import create_engine
@@ -53,6 +56,14 @@ def create_app(
         return response
 
     app.register_blueprint(
-        dashboard_blueprint(engine, jobs=jobs, outbox=outbox, read_only=read_only, authorize=gate)
+        dashboard_blueprint(
+            engine,
+            jobs=jobs,
+            outbox=outbox,
+            steps=steps,
+            dependencies=dependencies,
+            read_only=read_only,
+            authorize=gate,
+        )
     )
     return app

@@ -18,8 +18,11 @@ from ..queue import (
     JobRow,
     get_event,
     get_job,
+    get_job_steps,
+    get_workflow,
     list_events,
     list_running_jobs,
+    list_workflows,
     queue_status,
     retry_failed,
     retry_parked,
@@ -38,6 +41,8 @@ PAGE_SIZE = 50
 CHART_MINUTES = 30
 #: Running jobs the overview lists (the soonest lease end first).
 RUNNING_SHOWN = 50
+#: Workflows the workflows page lists (the most recently active first).
+WORKFLOWS_SHOWN = 50
 _STATUSES = tuple(str(s) for s in JobStatus)
 
 
@@ -65,11 +70,18 @@ def dashboard_blueprint(
     *,
     jobs: object,
     outbox: object | None = None,
+    steps: object | None = None,
+    dependencies: object | None = None,
     read_only: bool = False,
     authorize: Callable[[], bool] | None = None,
     name: str = "sa_outbox_dashboard",
 ) -> Blueprint:
     """A Flask blueprint showing the job table (and the outbox, when given) and steering it.
+
+    Given ``steps`` (the `JobStepMixin` model), a job's page lists its durable steps and
+    its result; given ``dependencies`` (`JobDependencyMixin`), the workflows have pages of
+    their own (each job, what it waits for, its state; cancel or retry the whole), and the
+    overview counts the jobs waiting for others and the workflows by state.
 
     ``engine`` is an `Engine` or a callable returning one (``lambda: db.engine`` with
     Flask-SQLAlchemy, called in the request). ``read_only=True`` hides the buttons and
@@ -138,13 +150,14 @@ def dashboard_blueprint(
             csrf_token=token_of(request)[0],
             read_only=read_only,
             has_outbox=outbox is not None,
+            has_workflows=dependencies is not None,
             **context,
         )
 
     @bp.get("/")
     def overview() -> str:
         with get_engine().connect() as conn:  # one transaction: one now() for every part
-            status = queue_status(conn, jobs=jobs, outbox=outbox)
+            status = queue_status(conn, jobs=jobs, outbox=outbox, dependencies=dependencies)
             minutes = throughput_by_minute(conn, jobs, minutes=CHART_MINUTES)
             running = list_running_jobs(conn, jobs, limit=RUNNING_SHOWN)
             parked = [] if outbox is None else list_events(conn, outbox, parked=True)
@@ -190,16 +203,89 @@ def dashboard_blueprint(
         )
 
     @bp.get("/jobs/<job_id>")
-    def job_detail(job_id: str) -> str | Response:
+    def job_detail(job_id: str) -> str | BaseResponse:
         wanted = _uuid(job_id)
         found = None
+        job_steps = None
+        workflow_id = None
         if wanted is not None:
             with get_engine().connect() as conn:
                 now = _now(conn)
                 found = get_job(conn, jobs, wanted)
+                if found is not None and steps is not None:
+                    job_steps = get_job_steps(conn, steps, wanted)
+                if dependencies is not None:
+                    workflow_id, members = get_workflow(conn, jobs, dependencies, wanted)
+                    if found is None and members:  # waiting: its workflow's page shows it
+                        return redirect(url_for(f"{name}.workflow_detail", job_id=job_id))
+                    if len(members) < 2:
+                        workflow_id = None
         if found is None:
             return _page(f"no job {job_id}", 404)
-        return render("job.html", job=found, now=now)
+        return render("job.html", job=found, now=now, steps=job_steps, workflow_id=workflow_id)
+
+    @bp.get("/workflows")
+    def workflow_list() -> str | Response:
+        if dependencies is None:
+            return _page("this dashboard was not given the dependencies table", 404)
+        with get_engine().connect() as conn:
+            now = _now(conn)
+            found = list_workflows(conn, jobs, dependencies, limit=WORKFLOWS_SHOWN)
+        return render("workflows.html", workflows=found, now=now, shown=WORKFLOWS_SHOWN)
+
+    @bp.get("/workflows/<job_id>")
+    def workflow_detail(job_id: str) -> str | Response:
+        wanted = _uuid(job_id)
+        members: list[Any] = []
+        if wanted is not None and dependencies is not None:
+            with get_engine().connect() as conn:
+                now = _now(conn)
+                workflow_id, members = get_workflow(conn, jobs, dependencies, wanted)
+        if not members:
+            return _page(f"no workflow with a job {job_id}", 404)
+        depth: dict[uuid.UUID, int] = {}
+        for member in members:  # parents come first: they were added first
+            depth[member.id] = 1 + max((depth.get(p, 0) for p in member.parents), default=-1)
+        unfinished = any(m.status in ("waiting", "pending", "running") for m in members)
+        retriable = any(m.status in ("failed", "cancelled") for m in members)
+        return render(
+            "workflow.html",
+            workflow_id=workflow_id,
+            members=members,
+            depth=depth,
+            unfinished=unfinished,
+            retriable=retriable,
+            now=now,
+        )
+
+    def on_workflow(
+        job_id: str, act: Callable[[Connection, JobQueue, uuid.UUID], object]
+    ) -> BaseResponse:
+        wanted = _uuid(job_id)
+        if wanted is None or dependencies is None:
+            return _page(f"no workflow with a job {job_id}", 404)
+        with get_engine().begin() as conn:
+            workflow_id, members = get_workflow(conn, jobs, dependencies, wanted)
+            if not members:
+                return _page(f"no workflow with a job {job_id}", 404)
+            act(conn, JobQueue(jobs, dependencies=dependencies), workflow_id)
+        return redirect(url_for(f"{name}.workflow_detail", job_id=str(workflow_id)))
+
+    @bp.post("/workflows/<job_id>/cancel")
+    def cancel_workflow(job_id: str) -> BaseResponse:
+        def cancel(conn: Connection, queue: JobQueue, workflow_id: uuid.UUID) -> None:
+            _, members = get_workflow(conn, jobs, dependencies, workflow_id)
+            unfinished = [m.id for m in members if m.status in ("waiting", "pending", "running")]
+            if unfinished:
+                queue.cancel(conn, unfinished)
+
+        return on_workflow(job_id, cancel)
+
+    @bp.post("/workflows/<job_id>/retry")
+    def retry_workflow(job_id: str) -> BaseResponse:
+        return on_workflow(
+            job_id, lambda conn, queue, workflow_id: queue.retry_workflow(conn, workflow_id)
+        )
 
     def retry_one(
         raw_id: str,
