@@ -33,7 +33,7 @@ from sa_outbox import (
     Worker,
 )
 from sa_outbox.schema import JobDependencyMixin
-from sa_outbox.statements import PARENT_FAILED
+from sa_outbox.statements import PARENT_FAILED, NewJob
 from sa_outbox.worker import JobResults
 from sa_outbox.worker._core import SWEEP_INTERVAL
 
@@ -47,6 +47,8 @@ from .test_worker_faults import ledger_lines, start, stop, worker_schema
 __all__ = ["steps_table", "worker_schema"]  # fixtures, used below by name
 
 WAIT = 20.0
+#: Batches in the SIGKILL test, 5 jobs and a callback each.
+BATCHES = 3
 
 
 class DependencyBase(DeclarativeBase):
@@ -391,10 +393,11 @@ def test_pruning_takes_a_jobs_dependency_row_and_keeps_what_others_wait_for(
 def test_workflows_finish_once_each_when_their_workers_are_sigkilled(
     engine: Engine, database_url: str, worker_schema: str, tmp_path: Path
 ) -> None:
-    """Real processes: 12 workflows (a, then b and c, then d), enqueued together; worker A
-    is SIGKILLed inside a b job (its other jobs anywhere in theirs), B takes over after the
-    lease. Every workflow finishes, every node's effect exists once, and no node ran before
-    its parents (each checks the others' results)."""
+    """Real processes: 12 workflows (a, then b and c, then d) and 3 batches of 5 jobs with a
+    callback each, enqueued together; worker A is SIGKILLed inside a b job (its other jobs
+    anywhere in theirs), B takes over after the lease. Every workflow finishes, every
+    node's effect exists once, no node ran before its parents (each checks the others'
+    results), and each batch's callback ran once, after all of its jobs."""
     flows = JobQueue(
         worker_app.Job, steps=worker_app.JobStep, dependencies=worker_app.JobDependency
     )
@@ -407,6 +410,9 @@ def test_workflows_finish_once_each_when_their_workers_are_sigkilled(
             d = flows.enqueue(conn, "node", {"name": f"d{n}"}, after=[b, c]).id
             for name, job_id in zip("abcd", (a, b, c, d), strict=True):
                 ids[name].append(job_id)
+        for n in range(BATCHES):
+            members = [NewJob("node", {"name": f"m{n}_{k}"}) for k in range(5)]
+            flows.enqueue_batch(conn, members, callback=NewJob("node", {"name": f"cb{n}"}))
     ledger, log = tmp_path / "ledger", tmp_path / "workers.log"
     args = ["-m", "sa_outbox", "worker", "tests.worker_app:flow_app"]
     args += ["--database-url", database_url, "--lease", "1.5", "--concurrency", "4"]
@@ -414,7 +420,8 @@ def test_workflows_finish_once_each_when_their_workers_are_sigkilled(
     assert a.wait(WAIT * 6) == -signal.SIGKILL, log.read_text()
     b = start(args, log, ledger)
     try:
-        wait_until(lambda: fault_counts(engine) == {"succeeded": 48}, "B to finish", timeout=60)
+        done = {"succeeded": 48 + BATCHES * 6}
+        wait_until(lambda: fault_counts(engine) == done, "B to finish", timeout=60)
     finally:
         assert stop(b, log) == 0, log.read_text()
     with engine.connect() as conn:
@@ -424,11 +431,16 @@ def test_workflows_finish_once_each_when_their_workers_are_sigkilled(
         waiting_rows = conn.execute(
             text(f"SELECT count(*) FROM {worker_schema}.job_dependencies WHERE released_at IS NULL")
         ).scalar_one()
-    assert {step for step, _, _ in effects} == {f"{x}{n}" for x in "abcd" for n in range(12)}
+    nodes = {f"{x}{n}" for x in "abcd" for n in range(12)}
+    batches = {f"m{n}_{k}" for n in range(BATCHES) for k in range(5)}
+    callbacks = {f"cb{n}" for n in range(BATCHES)}
+    assert {step for step, _, _ in effects} == nodes | batches | callbacks
     assert {count for _, count, _ in effects} == {1} and waiting_rows == 0
     first = {step: at for step, _, at in effects}
     for n in range(12):  # each node's effect committed after its parents'
         assert first[f"a{n}"] < first[f"b{n}"] < first[f"d{n}"]
         assert first[f"a{n}"] < first[f"c{n}"] < first[f"d{n}"]
+    for n in range(BATCHES):  # each callback once, after every job of its batch
+        assert all(first[f"m{n}_{k}"] < first[f"cb{n}"] for k in range(5))
     died = [line for line in ledger_lines(ledger) if line[0] == str(ids["b"][0])]
     assert [(attempts, pid) for _, _, attempts, pid in died] == [(1, a.pid), (2, b.pid)]
