@@ -286,20 +286,21 @@ async def test_async_waits_are_woken_by_the_notification(
     async with AsyncJobResults(
         async_engine, Job, steps=JobStep, poll_interval=NEVER, recheck=NEVER
     ) as waiter:
-        reads = 0
+        reads: list[uuid.UUID] = []
+        first_reads = asyncio.Event()
         read = waiter.read
 
         async def counted(job_id: uuid.UUID) -> Any:
-            nonlocal reads
-            reads += 1
-            return await read(job_id)
+            found = await read(job_id)
+            reads.append(job_id)
+            if set(reads) == set(ids):
+                first_reads.set()
+            return found
 
         waiter.read = counted  # type: ignore[method-assign]
         waits = [asyncio.create_task(waiter.result(i, timeout=WAIT)) for i in ids]
-        deadline = asyncio.get_running_loop().time() + WAIT
-        while reads < len(ids):  # each wait made its first read (its job pending)
-            assert asyncio.get_running_loop().time() < deadline, reads
-            await asyncio.sleep(0.01)  # other tasks run: the waits, then their reads
+        # each wait made its first read (its job pending) before the worker runs them
+        await asyncio.wait_for(first_reads.wait(), WAIT)
         assert await make_async_worker(app).drain(timeout=WAIT) == len(ids)
         assert await asyncio.gather(*waits) == [0, 2, 4]
         found = await waiter.read(ids[2])

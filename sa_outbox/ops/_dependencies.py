@@ -192,20 +192,21 @@ class DependencyOps:
             skipped=[row.id for row in unique if row.id not in requeued],
         )
 
-    def add_to_batch(self, batch: uuid.UUID, jobs: Sequence[uuid.UUID]) -> Op[None]:
-        """Make batch ``batch``'s callback wait for ``jobs`` too, if it still waits (its
-        row locked first); else a one-line error: the batch is over."""
+    def lock_batch(self, batch: uuid.UUID) -> Op[None]:
+        """Lock batch ``batch``'s callback row while it still waits (until commit: it cannot
+        be released meanwhile); else a one-line error: the batch is over."""
         if not (yield st.lock_waiting(self.deps, batch)).first():
             raise InvalidArgument(
                 f"batch {batch} is over (its callback was released when its last job "
                 "finished) or unknown: no job can join it"
             )
+
+    def add_to_batch(self, batch: uuid.UUID, jobs: Sequence[uuid.UUID]) -> Op[None]:
+        """Make batch ``batch``'s callback wait for ``jobs`` too, if it still waits
+        (`lock_batch` first)."""
+        yield from self.lock_batch(batch)
         if jobs:
             yield st.add_parents(self.deps, batch, jobs)
-
-    def lock_batch(self, batch: uuid.UUID) -> Op[None]:
-        """`add_to_batch`'s lock alone: taken before the new jobs are inserted."""
-        yield from self.add_to_batch(batch, [])
 
     def parent_statuses(self, job_id: uuid.UUID) -> Op[dict[uuid.UUID, JobStatus]]:
         """The status of each job a dependant waited for."""

@@ -35,9 +35,8 @@ RESULT_STEP = "@result"
 #: The prefix of the channel on which finished jobs are announced (then an md5 of the table).
 DONE_CHANNEL_PREFIX = "sa_outbox_done_"
 
-#: The most bytes of job ids one notification carries (PostgreSQL's limit is 8000).
-_MAX_NOTIFY_BYTES = 7900
-#: The most job ids one notification of `announce_done` names (37 bytes each, with commas).
+#: The most job ids one notification of `announce_done` names (37 bytes each, with commas:
+#: under PostgreSQL's 8000-byte limit on a payload).
 _NOTIFY_IDS = 200
 #: The array parameters of `record_results_of`: the jobs' ids and their results' JSON text.
 RESULT_IDS = "result_ids"
@@ -63,9 +62,16 @@ def record_job_results(steps: object, rows: Sequence[tuple[uuid.UUID, str]]) -> 
     """
     if not rows:
         raise InvalidArgument("record_job_results needs at least one (job id, result) row")
-    s = table_of(steps)
     ids = [as_uuid(job_id, "result's job id") for job_id, _ in rows]
-    texts = [text for _, text in rows]
+    return _record_results(steps, ids, [text for _, text in rows], done=None)
+
+
+def _record_results(
+    steps: object, ids: list[uuid.UUID], texts: list[str], *, done: CTE | None
+) -> Insert:
+    """Upsert ``@result`` rows from the `RESULT_IDS` / `RESULT_TEXTS` arrays (given here, or
+    bound at execution), only for the ids in CTE ``done`` when given."""
+    s = table_of(steps)
     given = (
         func.unnest(
             bindparam(RESULT_IDS, ids, type_=ARRAY(Uuid())),
@@ -74,14 +80,14 @@ def record_job_results(steps: object, rows: Sequence[tuple[uuid.UUID, str]]) -> 
         .table_valued("id", "result")
         .render_derived(name="given")
     )
-    stmt = insert(s).from_select(
-        ["job_id", "name", "result"],
-        select(
-            given.c.id,
-            bindparam("result_step", RESULT_STEP, type_=Text),
-            cast(given.c.result, JSONB),
-        ),
+    rows = select(
+        given.c.id,
+        bindparam("result_step", RESULT_STEP, type_=Text),
+        cast(given.c.result, JSONB),
     )
+    if done is not None:
+        rows = rows.where(given.c.id.in_(select(done.c.id)))
+    stmt = insert(s).from_select(["job_id", "name", "result"], rows)
     return stmt.on_conflict_do_update(
         index_elements=["job_id", "name"],
         set_={"result": stmt.excluded.result, "created_at": func.now()},
@@ -152,33 +158,10 @@ def job_done_channel_of(jobs: object) -> Select[tuple[str]]:
     return select(done_channel(jobs).label("channel"))
 
 
-def done_payloads(ids: Iterable[uuid.UUID]) -> list[str]:
-    """Job ids as notification payloads: comma-separated, each under PostgreSQL's limit.
-
-    Examples:
-        >>> done_payloads([uuid.UUID(int=1), uuid.UUID(int=2)])  # doctest: +NORMALIZE_WHITESPACE
-        ['00000000-0000-0000-0000-000000000001,00000000-0000-0000-0000-000000000002']
-        >>> len(done_payloads(uuid.UUID(int=n) for n in range(500)))
-        3
-    """
-    payloads: list[str] = []
-    current: list[str] = []
-    size = 0
-    for job_id in ids:
-        text = str(job_id)
-        if current and size + len(text) + 1 > _MAX_NOTIFY_BYTES:
-            payloads.append(",".join(current))
-            current, size = [], 0
-        current.append(text)
-        size += len(text) + 1
-    if current:
-        payloads.append(",".join(current))
-    return payloads
-
-
-def notify_jobs_done(jobs: object, ids: Iterable[uuid.UUID]) -> Select[Any]:
+def notify_jobs_done(jobs: object, ids: Iterable[uuid.UUID]) -> Select[tuple[int]]:
     """``pg_notify`` on the table's done channel, naming the jobs that finished (succeeded,
-    failed or cancelled): waiters (`JobResults`) listening there wake at commit.
+    failed or cancelled), `_NOTIFY_IDS` per notification (`announce_done`): waiters
+    (`JobResults`) listening there wake at commit.
 
     Examples:
         >>> import uuid
@@ -186,18 +169,14 @@ def notify_jobs_done(jobs: object, ids: Iterable[uuid.UUID]) -> Select[Any]:
         >>> from sa_outbox.schema import JobMixin
         >>> class Base(DeclarativeBase): pass
         >>> class Job(JobMixin, Base): __tablename__ = "jobs"
-        >>> notify_jobs_done(Job, [uuid.UUID(int=1)]).compile().params["done_payloads"]
-        ['00000000-0000-0000-0000-000000000001']
+        >>> notify_jobs_done(Job, [uuid.UUID(int=1)]).compile().params["done_ids"]
+        [UUID('00000000-0000-0000-0000-000000000001')]
     """
-    payloads = done_payloads(ids)
-    if not payloads:
+    wanted = [as_uuid(job_id, "finished job id") for job_id in ids]
+    if not wanted:
         raise InvalidArgument("notify_jobs_done needs at least one job id")
-    given = (
-        func.unnest(bindparam("done_payloads", payloads, type_=ARRAY(Text())))
-        .table_valued("payload")
-        .render_derived(name="given")
-    )
-    return select(func.pg_notify(done_channel(jobs), given.c.payload)).select_from(given)
+    given = func.unnest(bindparam("done_ids", wanted, type_=ARRAY(Uuid())))
+    return announce_done(jobs, select(given.label("id")).cte("done"))
 
 
 def announce_done(jobs: object, done: CTE) -> Select[tuple[int]]:
@@ -244,25 +223,7 @@ def record_results_of(steps: object, done: CTE) -> Insert:
         >>> {"result_ids", "result_texts"} <= set(record_results_of(JobStep, done).compile().params)
         True
     """
-    s = table_of(steps)
-    given = (
-        func.unnest(
-            bindparam(RESULT_IDS, [], type_=ARRAY(Uuid())),
-            bindparam(RESULT_TEXTS, [], type_=ARRAY(Text())),
-        )
-        .table_valued("id", "result")
-        .render_derived(name="given")
-    )
-    rows = select(
-        given.c.id,
-        bindparam("result_step", RESULT_STEP, type_=Text),
-        cast(given.c.result, JSONB),
-    ).where(given.c.id.in_(select(done.c.id)))
-    stmt = insert(s).from_select(["job_id", "name", "result"], rows)
-    return stmt.on_conflict_do_update(
-        index_elements=["job_id", "name"],
-        set_={"result": stmt.excluded.result, "created_at": func.now()},
-    )
+    return _record_results(steps, [], [], done=done)
 
 
 def parse_done_payload(payload: str) -> list[uuid.UUID]:
