@@ -33,7 +33,7 @@ from sa_outbox import (
     Worker,
 )
 from sa_outbox.schema import JobDependencyMixin
-from sa_outbox.statements import PARENT_FAILED, NewJob
+from sa_outbox.statements import CANCELLED_WAITING, PARENT_FAILED, NewJob
 from sa_outbox.worker import JobResults
 from sa_outbox.worker._core import SWEEP_INTERVAL
 
@@ -143,8 +143,9 @@ def test_a_parent_that_fails_cancels_fails_or_lets_its_dependants_run(
         "d": "succeeded",
         "e": "cancelled",
     }
-    assert states["b"].last_error == PARENT_FAILED and states["b"].attempts == 0
-    assert states["e"].last_error == PARENT_FAILED  # b's fate decided e's
+    # each names the job that did not succeed
+    assert states["b"].last_error == f"{PARENT_FAILED}: {a}" and states["b"].attempts == 0
+    assert states["e"].last_error == f"{PARENT_FAILED}: {cancelled}"  # b's fate decided e's
     assert waiting(engine) == 0
 
 
@@ -197,6 +198,8 @@ def test_cancelling_a_waiting_job_cancels_it_and_what_waits_for_it(
         result = dag_queue.cancel(conn, [b])
     assert result.cancelled == [b] and result.unknown == []
     assert job_row(engine, b).status == "cancelled" and job_row(engine, c).status == "cancelled"
+    assert job_row(engine, b).last_error == CANCELLED_WAITING
+    assert job_row(engine, c).last_error == f"{PARENT_FAILED}: {b}"
     ran: list[str] = []
     make_worker(dag_app(ran)).drain(timeout=WAIT)
     assert ran == ["a"] and waiting(engine) == 0

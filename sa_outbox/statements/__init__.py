@@ -67,6 +67,7 @@ from ._job_claim import (
 )
 from ._job_defaults import DEFAULT_BACKOFF, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from ._job_dependencies import (
+    CANCELLED_WAITING,
     PARENT_FAILED,
     add_parents,
     check_on_failure,
@@ -203,6 +204,7 @@ from ._workflows import (
 
 __all__ = [
     "ACKED",
+    "CANCELLED_WAITING",
     "COMPLETION_IDS",
     "COMPLETION_TOKENS",
     "DEFAULT_BACKOFF",

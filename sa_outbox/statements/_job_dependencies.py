@@ -44,8 +44,11 @@ from ..schema import ON_FAILURE, JobStatus
 from ._common import now_of, table_of, uuid_array
 from ._job_results import RESULT_STEP
 
-#: The error recorded on a dependant released as ``cancelled`` or ``failed``.
+#: The error recorded on a dependant released as ``cancelled`` or ``failed`` by its
+#: ``on_failure``, followed by ``: `` and the ids of the jobs that did not succeed.
 PARENT_FAILED = "a job it waits for did not succeed (it failed or was cancelled)"
+#: The error recorded on a job cancelled by hand while it waited.
+CANCELLED_WAITING = "cancelled while it waited for other jobs"
 
 _FINISHED_BADLY = (JobStatus.FAILED, JobStatus.CANCELLED)
 
@@ -222,6 +225,9 @@ def release_dependants(
             func.count().filter(parent.c.status == JobStatus.SUCCEEDED).label("succeeded"),
             func.count().filter(unsuccessful).label("unsuccessful"),
             func.count().label("total"),
+            func.string_agg(cast(each.c.id, Text), literal(", ", Text))
+            .filter(unsuccessful)
+            .label("unsuccessful_ids"),
         )
         .select_from(waiting.join(each, true()).outerjoin(parent, parent.c.id == each.c.id))
         .group_by(waiting.c.job_id)
@@ -236,8 +242,12 @@ def release_dependants(
         (states.c.succeeded + states.c.unsuccessful == states.c.total, literal("run", Text)),
         else_=null(),
     )
+    error = case(
+        (literal(cancel), literal(CANCELLED_WAITING, Text)),
+        else_=func.concat(literal(PARENT_FAILED + ": ", Text), states.c.unsuccessful_ids),
+    )
     decided = (
-        select(waiting.c.job_id, waiting.c.job, outcome.label("outcome"))
+        select(waiting.c.job_id, waiting.c.job, outcome.label("outcome"), error.label("error"))
         .select_from(waiting.join(states, states.c.job_id == waiting.c.job_id))
         .cte("decided")
     )
@@ -245,7 +255,7 @@ def release_dependants(
         update(d)
         .where(d.c.job_id == decided.c.job_id, decided.c.outcome.is_not(None))
         .values(released_at=now)
-        .returning(d.c.job_id, decided.c.job, decided.c.outcome)
+        .returning(d.c.job_id, decided.c.job, decided.c.outcome, decided.c.error)
         .cte("released")
     )
     job = released.c.job
@@ -263,7 +273,7 @@ def release_dependants(
         "priority": cast(job["priority"].astext, Integer),
         "run_at": func.greatest(now, cast(job["not_before"].astext, DateTime(timezone=True))),
         "max_attempts": cast(job["max_attempts"].astext, Integer),
-        "last_error": case((released.c.outcome == "run", null()), else_=literal(PARENT_FAILED)),
+        "last_error": case((released.c.outcome == "run", null()), else_=released.c.error),
         "created_at": now,
         "updated_at": now,
     }
