@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, Table
 
 from .._human import moment
-from ..queue import JobQueue, WorkflowJob, get_workflow, list_workflows
+from ..queue import JobQueue, WorkflowJob, get_workflow, list_workflows, workflow_depths
 from ._common import CommandError, _add_command, _positive_int
 from ._render import as_json, listed_ids, table
 from ._targets import (
@@ -151,7 +151,7 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         print(as_json({"id": workflow_id, "jobs": members}))
         return 0
-    depth = _depths(members)
+    depth = workflow_depths(members)
     rows = [
         [
             str(job.id)[-8:],
@@ -169,14 +169,6 @@ def _show(args: argparse.Namespace) -> int:
     for job in errors:
         print(f"{str(job.id)[-8:]}: {job.last_error.splitlines()[0] if job.last_error else ''}")
     return 0
-
-
-def _depths(members: list[WorkflowJob]) -> dict[uuid.UUID, int]:
-    """How deep each job sits: 0 for the first, else one more than its deepest parent."""
-    depth: dict[uuid.UUID, int] = {}
-    for job in members:  # parents come first: they were added first
-        depth[job.id] = 1 + max((depth.get(p, 0) for p in job.parents), default=-1)
-    return depth
 
 
 def _cancel(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from ..queue import (
     retry_failed,
     retry_parked,
     throughput_by_minute,
+    workflow_depths,
 )
 from ..schema import JobStatus
 from ._chart import throughput_chart
@@ -243,16 +244,13 @@ def dashboard_blueprint(
                 workflow_id, members = get_workflow(conn, jobs, dependencies, wanted)
         if not members:
             return _page(f"no workflow with a job {job_id}", 404)
-        depth: dict[uuid.UUID, int] = {}
-        for member in members:  # parents come first: they were added first
-            depth[member.id] = 1 + max((depth.get(p, 0) for p in member.parents), default=-1)
         unfinished = any(m.status in ("waiting", "pending", "running") for m in members)
         retriable = any(m.status in ("failed", "cancelled") for m in members)
         return render(
             "workflow.html",
             workflow_id=workflow_id,
             members=members,
-            depth=depth,
+            depth=workflow_depths(members),
             unfinished=unfinished,
             retriable=retriable,
             now=now,

@@ -70,7 +70,13 @@ from ._job_queue_async import AsyncJobQueue
 from ._job_queue_sync import JobQueue
 from ._outbox_async import AsyncOutbox
 from ._outbox_sync import Outbox
-from ._workflows import WorkflowJob, WorkflowSummary, get_workflow, list_workflows
+from ._workflows import (
+    WorkflowJob,
+    WorkflowSummary,
+    get_workflow,
+    list_workflows,
+    workflow_depths,
+)
 
 __all__ = [
     "AsyncInbox",
@@ -126,4 +132,5 @@ __all__ = [
     "retry_failed",
     "retry_parked",
     "throughput_by_minute",
+    "workflow_depths",
 ]

@@ -14,7 +14,7 @@ from .. import statements as st
 from .._validation import as_uuid, count
 from ..schema import resolve_table
 
-__all__ = ["WorkflowJob", "WorkflowSummary", "get_workflow", "list_workflows"]
+__all__ = ["WorkflowJob", "WorkflowSummary", "get_workflow", "list_workflows", "workflow_depths"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,3 +142,20 @@ def _member(row: Any) -> WorkflowJob:
         released_at=row["released_at"],
         last_error=row["last_error"],
     )
+
+
+def workflow_depths(members: list[WorkflowJob]) -> dict[uuid.UUID, int]:
+    """How deep each job of a workflow (`get_workflow`'s members) sits: 0 for the job that
+    started it, else one more than its deepest parent.
+
+    Examples:
+        >>> a, b = uuid.UUID(int=1), uuid.UUID(int=2)
+        >>> def job(i, parents):
+        ...     return WorkflowJob(i, parents, "node", "pending", 0, 8, None, None, None, None)
+        >>> workflow_depths([job(a, ()), job(b, (a,))])[b]
+        1
+    """
+    depth: dict[uuid.UUID, int] = {}
+    for job in members:  # parents come first: they were added first
+        depth[job.id] = 1 + max((depth.get(p, 0) for p in job.parents), default=-1)
+    return depth
