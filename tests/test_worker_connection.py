@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ProgrammingError
 
 from sa_outbox import Backoff, JobApp, JobContext, JobQueue, NewJob, Worker
 from sa_outbox import statements as st
@@ -428,3 +429,19 @@ def test_a_worker_the_limits_do_not_touch_completes_and_claims_in_one_statement(
         worker_engine.dispose()
     assert metrics.errors == []
     assert jobs_by_status(engine) == {"succeeded": 60, "pending": 2}
+
+
+def test_a_keeper_chore_that_fails_is_logged_in_one_line(
+    engine: Engine, make_worker: Callable[..., Worker], caplog: pytest.LogCaptureFixture
+) -> None:
+    # SQLAlchemy's errors go on with the statement and its parameters: the log line keeps
+    # the first line only (the metrics hook still gets the whole error).
+    worker = make_worker(JobApp(Job, handlers={"noop": lambda job: None}))
+    with engine.connect() as conn, pytest.raises(ProgrammingError) as raised:
+        conn.execute(text("SELECT * FROM no_such_table_here WHERE id = :id"), {"id": 7})
+    assert "[SQL:" in str(raised.value)
+    caplog.set_level("WARNING", logger="sa_outbox.worker")
+    worker._chore_failed("reclaim", raised.value)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reclaim")]
+    assert line.startswith("reclaim failed (ProgrammingError: (psycopg.errors.UndefinedTable)")
+    assert "\n" not in line and "SELECT" not in line

@@ -29,6 +29,7 @@ from ..ops import JobOps
 from ..schema import resolve_table
 from ..statements import DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES
 from ._core import Core, Entry, Result
+from ._retry import first_line
 from ._settings import Settings, jittered, log, make_settings, seconds
 from .errors import DatabaseUnreachable
 from .metrics import WorkerMetrics
@@ -492,7 +493,7 @@ class DriverBase(abc.ABC, Generic[E]):
 
     def _chore_failed(self, chore: Chore, exc: Exception) -> None:
         self._report_error(chore, exc)
-        log.warning("%s failed (%s: %s)", chore, type(exc).__name__, exc)
+        log.warning("%s failed (%s: %s)", chore, type(exc).__name__, first_line(exc))
 
     def _keeper_wait(self, plan: KeeperPlan, vacuum_interval: float | None) -> float:
         due = plan.wake_at()

@@ -27,6 +27,20 @@ DEFAULT_RECONNECT_WAIT: wait_base = tenacity.wait_exponential(
 ) + tenacity.wait_random(0, 0.1)
 
 
+def first_line(error: BaseException | None) -> str:
+    """An error's first line: what a log line shows of it (SQLAlchemy's errors go on with
+    the whole statement and its parameters).
+
+    Examples:
+        >>> first_line(ValueError("no such table\\n[SQL: SELECT …]"))
+        'no such table'
+        >>> first_line(None)
+        ''
+    """
+    text = "" if error is None else str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def _before_sleep(
     operation: str, report: Callable[[str, BaseException], None]
 ) -> Callable[[tenacity.RetryCallState], None]:
@@ -39,7 +53,7 @@ def _before_sleep(
             "database unavailable during %s (%s: %s); retry %d in %.2f s",
             operation,
             type(error).__name__,
-            str(error).strip().splitlines()[0] if error is not None and str(error) else "",
+            first_line(error),
             state.attempt_number,
             wait,
         )
