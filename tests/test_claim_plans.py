@@ -101,6 +101,8 @@ def _literal(value: Any) -> str:
         return "ARRAY[" + ", ".join(_literal(item) for item in value) + f"]::{of}[]"
     if isinstance(value, dt.timedelta):
         return f"'{value.total_seconds()} seconds'::interval"
+    if isinstance(value, dt.datetime):
+        return f"'{value.isoformat()}'::timestamptz"
     if isinstance(value, uuid.UUID | str | int):
         return f"'{value}'"
     raise AssertionError(f"no literal for {value!r}")

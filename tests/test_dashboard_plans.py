@@ -1,10 +1,13 @@
-"""The dashboard's throughput chart and running list stay cheap on a large job table.
+"""The dashboard's throughput chart, running list and jobs pages stay cheap on a large job
+table.
 
 EXPLAIN ANALYZE, custom and generic plan (psycopg prepares a statement on its fifth run, and
 a dashboard's overview is reloaded often), on a table of 200,000 finished jobs spread over
 two weeks and 2,000 running ones: the chart reads the job table only through the retention
 index ``(status, updated_at)``, bounded by its window, so it reads the window's rows and no
-more; the running list walks the reclaimer's index in lease order and stops at its limit.
+more; the running list walks the reclaimer's index in lease order and stops at its limit;
+a jobs page, however deep, walks each status's part of the retention index from its cursor
+and reads about a page's rows per status (keyset pagination: no OFFSET, no sort of all).
 The table is built once for the module in a schema of its own, in a few seconds.
 """
 
@@ -20,7 +23,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import DeclarativeBase
 
 from sa_outbox.schema import JobMixin
-from sa_outbox.statements import job_throughput_by_minute, select_running_jobs
+from sa_outbox.statements import job_throughput_by_minute, select_jobs, select_running_jobs
 
 from .test_claim_plans import nodes, plan_of
 
@@ -117,3 +120,34 @@ def test_the_running_list_walks_the_lease_index_and_stops_at_its_limit(
     assert scan["Actual Rows"] <= SHOWN + 1, shown  # leases differ: the walk stops at the limit
     assert plan["Node Type"] == "Limit" and plan["Actual Rows"] == SHOWN, shown
     assert not [n for _, n in nodes(plan) if n["Node Type"] == "Sort"], shown  # never all sorted
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("deep", [False, True], ids=["first page", "deep page"])
+def test_a_jobs_page_walks_the_retention_index_from_its_cursor(
+    big: Engine, mode: str, deep: bool
+) -> None:
+    before = None
+    if deep:  # the cursor of a page 150,000 jobs down
+        with big.connect() as conn:
+            before = tuple(
+                conn.execute(
+                    text(
+                        f"SELECT updated_at, id FROM {SCHEMA}.jobs"
+                        " ORDER BY updated_at DESC, id DESC OFFSET 150000 LIMIT 1"
+                    )
+                ).one()
+            )
+    stmt = select_jobs(Job, limit=SHOWN + 1, before=before)  # type: ignore[arg-type]
+    plan = plan_of(big, stmt, mode)
+    shown = json.dumps(plan, indent=1)
+    scans = job_scans(plan)
+    assert scans and not [n for n in scans if n["Node Type"] == "Seq Scan"], shown
+    # each status through its index from the cursor (the pending ones through a ready index)
+    assert all(n["Index Name"].startswith(("jobs_retention", "jobs_ready")) for n in scans), shown
+    # a page's worth per status, not the rows above the cursor; on the first page, the 2,000
+    # running jobs, which share one updated_at (made in one statement), are read whole to
+    # order them by id
+    ties = 0 if deep else RUNNING
+    assert sum(n["Actual Rows"] for n in scans) <= ties + 5 * (SHOWN + 1), shown
+    assert plan["Actual Rows"] == SHOWN + 1, shown

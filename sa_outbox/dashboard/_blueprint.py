@@ -59,6 +59,19 @@ def _now(conn: Connection) -> dt.datetime:
     return cast(dt.datetime, now)
 
 
+def _cursor(value: str) -> tuple[dt.datetime, uuid.UUID] | None:
+    """A jobs page's ``before``: ``updated_at`` (ISO 8601, with its offset) ``_`` ``id``."""
+    at, _, job_id = value.rpartition("_")
+    wanted = _uuid(job_id)
+    try:
+        moment = dt.datetime.fromisoformat(at)
+    except ValueError:
+        return None
+    if wanted is None or moment.tzinfo is None:
+        return None
+    return moment, wanted
+
+
 def _uuid(value: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(value)
@@ -178,25 +191,33 @@ def dashboard_blueprint(
         queue = request.args.get("queue") or None
         if status is not None and status not in _STATUSES:
             return _page(f"unknown status {status!r}: one of {', '.join(_STATUSES)}", 400)
-        raw_page = request.args.get("page", "1")
-        if not (raw_page.isascii() and raw_page.isdigit()) or int(raw_page) < 1:
-            return _page(f"page must be a whole number from 1, got {raw_page!r}", 400)
-        page = int(raw_page)
+        raw_before = request.args.get("before") or None
+        before = None if raw_before is None else _cursor(raw_before)
+        if raw_before is not None and before is None:
+            return _page(
+                f"before must be a job's updated_at and id, as the older link gives them; "
+                f"got {raw_before!r}",
+                400,
+            )
         stmt = st.select_jobs(
-            jobs, statuses=status, kinds=kind, queues=queue, limit=PAGE_SIZE + 1
-        ).offset((page - 1) * PAGE_SIZE)
+            jobs, statuses=status, kinds=kind, queues=queue, limit=PAGE_SIZE + 1, before=before
+        )
         with get_engine().connect() as conn:
             now = _now(conn)
             found = [
                 JobRow(**{**row._asdict(), "status": str(row.status)}) for row in conn.execute(stmt)
             ]
+        shown = found[:PAGE_SIZE]
         filters = {"status": status or "", "kind": kind or "", "queue": queue or ""}
         skipped = request.args.get("skipped", "")
+        older = None
+        if len(found) > PAGE_SIZE and shown[-1].updated_at is not None:
+            older = f"{shown[-1].updated_at.isoformat()}_{shown[-1].id}"
         return render(
             "jobs.html",
-            jobs=found[:PAGE_SIZE],
-            page=page,
-            more=len(found) > PAGE_SIZE,
+            jobs=shown,
+            first=before is None,
+            older=older,
             filters=filters,
             statuses=_STATUSES,
             skipped=int(skipped) if skipped.isascii() and skipped.isdigit() else 0,

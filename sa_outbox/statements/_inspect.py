@@ -11,6 +11,7 @@ is counted too, not an error.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 from sqlalchemy import (
@@ -28,6 +29,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    union_all,
 )
 from sqlalchemy import text as sql_text
 from sqlalchemy.sql.elements import TextClause
@@ -241,13 +243,16 @@ def select_jobs(
     kinds: str | tuple[str, ...] | list[str] | None = None,
     queues: str | tuple[str, ...] | list[str] | None = None,
     limit: int = 50,
+    before: tuple[dt.datetime, uuid.UUID] | None = None,
 ) -> Select[Any]:
-    """A listing of jobs, most recently updated first, with ``error_line``: the first line of
-    ``last_error`` (the full text is for `select_job`).
+    """A listing of jobs, most recently updated first (then by id, descending), with
+    ``error_line``: the first line of ``last_error`` (the full text is for `select_job`).
 
-    Filters combine with AND; a status must be one of `JobStatus` (compared with the enum
-    column itself, so that ``statuses="failed"`` walks the ``(status, updated_at)`` index
-    newest first instead of reading the table).
+    Filters combine with AND; a status must be one of `JobStatus`. ``before`` is the
+    ``(updated_at, id)`` of the last job of the previous page: the next page starts after
+    it (keyset pagination, never an OFFSET). Each status is read on its own, newest first,
+    through the ``(status, updated_at)`` index and up to ``limit`` rows, and the branches
+    are merged: a page costs about ``limit`` rows per status, however deep it is.
 
     Examples:
         >>> from sa_outbox.schema import JobMixin
@@ -264,23 +269,35 @@ def select_jobs(
     """  # noqa: E501 - a doctest's expected output is one line
     size = count(limit, "limit")
     t = table_of(target)
-    stmt = select(*(t.c[name] for name in _JOB_LISTED), _first_line(t.c.last_error))
     status_names = name_filter(statuses, "statuses")
-    if status_names is not None:
-        known = [str(s) for s in JobStatus]
-        for name in status_names:
-            if name not in known:
-                expected = ", ".join(known)
-                raise InvalidArgument(f"unknown job status {name!r} (one of: {expected})")
-        wanted = tuple(JobStatus(name) for name in status_names)
-        stmt = stmt.where(in_names(t.c.status, wanted))
+    known = [str(s) for s in JobStatus]
+    for name in status_names or ():
+        if name not in known:
+            expected = ", ".join(known)
+            raise InvalidArgument(f"unknown job status {name!r} (one of: {expected})")
+    wanted = [JobStatus(name) for name in status_names] if status_names else list(JobStatus)
     kind_names = name_filter(kinds, "kinds")
-    if kind_names is not None:
-        stmt = stmt.where(in_names(t.c.kind, kind_names))
     queue_names = name_filter(queues, "queues")
-    if queue_names is not None:
-        stmt = stmt.where(in_names(t.c.queue, queue_names))
-    return stmt.order_by(t.c.updated_at.desc(), t.c.id).limit(size)
+    branches = []
+    for status in wanted:
+        # The status compared with the enum column itself (a literal of its type), so
+        # that each branch walks the (status, updated_at) index newest first.
+        branch = select(*(t.c[name] for name in _JOB_LISTED), _first_line(t.c.last_error))
+        branch = branch.where(t.c.status == literal(status, t.c.status.type))
+        if kind_names is not None:
+            branch = branch.where(in_names(t.c.kind, kind_names))
+        if queue_names is not None:
+            branch = branch.where(in_names(t.c.queue, queue_names))
+        if before is not None:
+            at, last = before
+            branch = branch.where(
+                t.c.updated_at <= at, or_(t.c.updated_at < at, t.c.id < as_uuid(last, "job id"))
+            )
+        branches.append(branch.order_by(t.c.updated_at.desc(), t.c.id.desc()).limit(size))
+    if len(branches) == 1:
+        return branches[0]
+    merged = union_all(*branches).subquery("listed")
+    return select(merged).order_by(merged.c.updated_at.desc(), merged.c.id.desc()).limit(size)
 
 
 def _select_by_id(target: object, row_id: object, what: str) -> Select[Any]:
