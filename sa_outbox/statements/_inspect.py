@@ -248,11 +248,9 @@ def select_jobs(
     """A listing of jobs, most recently updated first (then by id, descending), with
     ``error_line``: the first line of ``last_error`` (the full text is for `select_job`).
 
-    Filters combine with AND; a status must be one of `JobStatus`. ``before`` is the
-    ``(updated_at, id)`` of the last job of the previous page: the next page starts after
-    it (keyset pagination, never an OFFSET). Each status is read on its own, newest first,
-    through the ``(status, updated_at)`` index and up to ``limit`` rows, and the branches
-    are merged: a page costs about ``limit`` rows per status, however deep it is.
+    Filters combine with AND. ``before``: the ``(updated_at, id)`` of the previous page's last
+    job (keyset pagination, no OFFSET). Each status is read through its index, up to
+    ``limit`` rows, and the branches merged: a page costs about ``limit`` rows per status.
 
     Examples:
         >>> from sa_outbox.schema import JobMixin
@@ -269,31 +267,26 @@ def select_jobs(
     """  # noqa: E501 - a doctest's expected output is one line
     size = count(limit, "limit")
     t = table_of(target)
-    status_names = name_filter(statuses, "statuses")
     known = [str(s) for s in JobStatus]
-    for name in status_names or ():
-        if name not in known:
-            expected = ", ".join(known)
-            raise InvalidArgument(f"unknown job status {name!r} (one of: {expected})")
-    wanted = [JobStatus(name) for name in status_names] if status_names else list(JobStatus)
-    kind_names = name_filter(kinds, "kinds")
-    queue_names = name_filter(queues, "queues")
-    branches = []
-    for status in wanted:
-        # The status compared with the enum column itself (a literal of its type), so
-        # that each branch walks the (status, updated_at) index newest first.
-        branch = select(*(t.c[name] for name in _JOB_LISTED), _first_line(t.c.last_error))
-        branch = branch.where(t.c.status == literal(status, t.c.status.type))
-        if kind_names is not None:
-            branch = branch.where(in_names(t.c.kind, kind_names))
-        if queue_names is not None:
-            branch = branch.where(in_names(t.c.queue, queue_names))
-        if before is not None:
-            at, last = before
-            branch = branch.where(
-                t.c.updated_at <= at, or_(t.c.updated_at < at, t.c.id < as_uuid(last, "job id"))
-            )
-        branches.append(branch.order_by(t.c.updated_at.desc(), t.c.id.desc()).limit(size))
+    status_names = name_filter(statuses, "statuses") or known
+    unknown = [name for name in status_names if name not in known]
+    if unknown:
+        raise InvalidArgument(f"unknown job status {unknown[0]!r} (one of: {', '.join(known)})")
+    filters = []
+    for listed, names in ((t.c.kind, kinds), (t.c.queue, queues)):
+        if (wanted := name_filter(names, f"{listed.name}s")) is not None:
+            filters.append(in_names(listed, wanted))
+    if before is not None:
+        at, last = before
+        filters += [t.c.updated_at <= at, or_(t.c.updated_at < at, t.c.id < as_uuid(last, "id"))]
+    # Each status compared with the enum column itself: a branch walks its index newest first.
+    branches = [
+        select(*(t.c[name] for name in _JOB_LISTED), _first_line(t.c.last_error))
+        .where(t.c.status == literal(JobStatus(status), t.c.status.type), *filters)
+        .order_by(t.c.updated_at.desc(), t.c.id.desc())
+        .limit(size)
+        for status in status_names
+    ]
     if len(branches) == 1:
         return branches[0]
     merged = union_all(*branches).subquery("listed")
