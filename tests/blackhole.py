@@ -107,8 +107,13 @@ class BlackholeProxy:
             self._sockets.append(server)
         peer = {client: server, server: client}
         with selectors.DefaultSelector() as selector:
-            selector.register(client, selectors.EVENT_READ)
-            selector.register(server, selectors.EVENT_READ)
+            try:
+                selector.register(client, selectors.EVENT_READ)
+                selector.register(server, selectors.EVENT_READ)
+            except (OSError, ValueError):  # `close` closed them meanwhile: nothing to pipe
+                client.close()
+                server.close()
+                return
             while not self._closed.is_set():
                 ready = selector.select(timeout=0.05)
                 forwarding = self._forwarding.is_set()
