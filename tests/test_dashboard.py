@@ -37,7 +37,7 @@ from sa_outbox.dashboard import (
     create_app,
     dashboard_blueprint,
 )
-from sa_outbox.dashboard._blueprint import CHART_MINUTES, RUNNING_SHOWN
+from sa_outbox.dashboard._overview_page import CHART_MINUTES, RUNNING_SHOWN
 
 ROOT = Path(__file__).resolve().parents[1]
 _TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')

@@ -33,7 +33,7 @@ from selenium.webdriver.support.wait import WebDriverWait
 from werkzeug.serving import make_server
 
 from sa_outbox.dashboard import create_app
-from sa_outbox.dashboard._blueprint import CHART_MINUTES
+from sa_outbox.dashboard._overview_page import CHART_MINUTES
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Where the screenshot of the run is kept (a test artefact; docs/img holds a copy).
