@@ -68,7 +68,7 @@ def dashboard_blueprint(
         )
     if not callable(authorize):
         raise InvalidArgumentType(f"authorize must be a callable, got {authorize!r}")
-    bp = Blueprint(name, __name__, template_folder="templates")
+    bp = Blueprint(name, __name__, template_folder="templates", static_folder="static")
     register_units(bp)  # the templates' sa_outbox_age, sa_outbox_moment, … filters
     pages = Pages(
         name=name,
