@@ -116,17 +116,28 @@ def enqueue_for(variant: str, engine: Any, job: Any, deps: Any, n: int) -> None:
             conn.execute(text(f"VACUUM ANALYZE {deps.__table__.fullname}"))
 
 
-def one_run(url: str, variant: str, n: int, round_no: int) -> float:
-    schema = f"bench_wf_{VARIANTS.index(variant)}_{round_no}"
+#: Makes a run's jobs in the fresh tables: ``(engine, job, step, deps)`` → the app to run
+#: and how many jobs it must finish.
+Prepare = Callable[[Any, Any, Any, Any], tuple[JobApp, int]]
+
+
+def timed_run(
+    url: str, schema: str, prepare: Prepare, *, watchdog: float = 600
+) -> tuple[int, float]:
+    """Jobs finished and seconds for one ``Worker(app, engine).run()`` in a fresh ``schema``.
+
+    The clock runs from the start of ``run()`` to the commit of the last expected
+    acknowledgement; the worker is stopped there, every job is checked ``succeeded`` and the
+    schema dropped. ``watchdog`` seconds stop a run that never finishes (an error).
+    """
     engine = create_engine(url, pool_size=4, max_overflow=0)
     with engine.begin() as conn:
         conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
         conn.execute(text(f"CREATE SCHEMA {schema}"))
     base, job, step, deps = models(schema)
     base.metadata.create_all(engine)
-    enqueue_for(variant, engine, job, deps, n)
-    expected = n // 12 * 12 if variant.startswith("fan-out") else n
-    done = {"acked": 0, "at": None}
+    app, expected = prepare(engine, job, step, deps)
+    done: dict[str, Any] = {"acked": 0, "at": None}
     worker: Worker | None = None
 
     class Hook(WorkerMetrics):
@@ -137,17 +148,15 @@ def one_run(url: str, variant: str, n: int, round_no: int) -> float:
                 assert worker is not None
                 worker.stop()
 
-    worker = Worker(
-        app_for(variant, job, step, deps), engine, metrics=Hook(), install_signal_handlers=False
-    )
-    watchdog = threading.Timer(600, lambda: worker.stop(now=True))
-    watchdog.daemon = True
-    watchdog.start()
+    worker = Worker(app, engine, metrics=Hook(), install_signal_handlers=False)
+    timer = threading.Timer(watchdog, lambda: worker.stop(now=True))
+    timer.daemon = True
+    timer.start()
     started = time.perf_counter()
     try:
         worker.run()
     finally:
-        watchdog.cancel()
+        timer.cancel()
     with engine.connect() as conn:
         succeeded = conn.execute(
             text(f"SELECT count(*) FROM {schema}.jobs WHERE status = 'succeeded'")
@@ -156,8 +165,21 @@ def one_run(url: str, variant: str, n: int, round_no: int) -> float:
         conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
     engine.dispose()
     if done["at"] is None or succeeded != expected:
-        raise RuntimeError(f"{variant}: {succeeded} of {n} jobs succeeded")
-    return expected / (float(done["at"]) - started)
+        raise RuntimeError(f"{schema}: {succeeded} of {expected} jobs succeeded")
+    return expected, float(done["at"]) - started
+
+
+def one_run(url: str, variant: str, n: int, round_no: int) -> float:
+    """Jobs per second of one run of ``variant`` over ``n`` jobs."""
+
+    def prepare(engine: Any, job: Any, step: Any, deps: Any) -> tuple[JobApp, int]:
+        enqueue_for(variant, engine, job, deps, n)
+        expected = n // 12 * 12 if variant.startswith("fan-out") else n
+        return app_for(variant, job, step, deps), expected
+
+    schema = f"bench_wf_{VARIANTS.index(variant)}_{round_no}"
+    finished, seconds = timed_run(url, schema, prepare)
+    return finished / seconds
 
 
 def main(argv: list[str] | None = None) -> int:

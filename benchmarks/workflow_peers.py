@@ -41,16 +41,14 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, text
 
-from benchmarks.workflow_costs import app_for, enqueue_for, models
-from sa_outbox import JobQueue, Worker
-from sa_outbox.worker import WorkerMetrics
+from benchmarks.workflow_costs import app_for, enqueue_for, timed_run
+from sa_outbox import JobApp, JobQueue
 
 PEER = pathlib.Path(__file__).with_name("dbos_peer.py")
 #: Chains enqueued per transaction (not timed).
@@ -96,55 +94,21 @@ def chain_enqueue(engine: Engine, job: Any, deps: Any, n: int) -> None:
 
 def sa_run(url: str, side: Side, n: int, label: str) -> float:
     """Seconds for one ``Worker(app, engine).run()`` to finish ``n`` workflows of ``side``."""
-    schema = f"bench_peer_{side.key.replace('-', '_')}_{label}"
-    engine = create_engine(url, pool_size=4, max_overflow=0)
-    with engine.begin() as conn:
-        conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    base, job, step, deps = models(schema)
-    base.metadata.create_all(engine)
-    if side is SA_THREE:  # a handler running three durable steps, n jobs
-        app = app_for("3 steps", job, step, deps)
-        enqueue_for("3 steps", engine, job, deps, n)
-        expected = n
-    elif side is SA_CHAIN:  # "fan-out"'s app: a no-op handler, with the dependencies table
+
+    def prepare(engine: Any, job: Any, step: Any, deps: Any) -> tuple[JobApp, int]:
+        if side is SA_THREE:  # a handler running three durable steps, n jobs
+            enqueue_for("3 steps", engine, job, deps, n)
+            return app_for("3 steps", job, step, deps), n
+        # "fan-out"'s app: a no-op handler, with the dependencies table
         app = app_for("fan-out 10, fan-in 1", job, step, deps)
-        chain_enqueue(engine, job, deps, n)
-        expected = 3 * n
-    else:
-        app = app_for("fan-out 10, fan-in 1", job, step, deps)
+        if side is SA_CHAIN:
+            chain_enqueue(engine, job, deps, n)
+            return app, 3 * n
         enqueue_for("fan-out 10, fan-in 1", engine, job, deps, 12 * n)
-        expected = 12 * n
-    done: dict[str, Any] = {"acked": 0, "at": None}
-    worker: Worker | None = None
+        return app, 12 * n
 
-    class Hook(WorkerMetrics):
-        def batch_written(self, acknowledged: int, claimed: int, seconds: float) -> None:
-            done["acked"] += acknowledged
-            if done["acked"] >= expected and done["at"] is None:
-                done["at"] = time.perf_counter()
-                assert worker is not None
-                worker.stop()
-
-    worker = Worker(app, engine, metrics=Hook(), install_signal_handlers=False)
-    watchdog = threading.Timer(900, lambda: worker.stop(now=True))
-    watchdog.daemon = True
-    watchdog.start()
-    started = time.perf_counter()
-    try:
-        worker.run()
-    finally:
-        watchdog.cancel()
-    with engine.connect() as conn:
-        succeeded = conn.execute(
-            text(f"SELECT count(*) FROM {schema}.jobs WHERE status = 'succeeded'")
-        ).scalar_one()
-    with engine.begin() as conn:
-        conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-    engine.dispose()
-    if done["at"] is None or succeeded != expected:
-        raise RuntimeError(f"{side.key}: {succeeded} of {expected} jobs succeeded")
-    return float(done["at"]) - started
+    schema = f"bench_peer_{side.key.replace('-', '_')}_{label}"
+    return timed_run(url, schema, prepare, watchdog=900)[1]
 
 
 def dbos_run(
